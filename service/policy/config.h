@@ -1,0 +1,113 @@
+/* The policy configuration of DESIGN 4.1: one table of keys (name, type, default, range, help)
+ * that the JSON loader, the --help text, the docs and the tests all read. */
+#ifndef PRISM_POLICY_CONFIG_H
+#define PRISM_POLICY_CONFIG_H
+
+#include "prism/common.h"
+
+#include <jansson.h>
+#include <stdio.h>
+
+typedef enum prism_mode {
+    PRISM_MODE_OFF = 0,     /* bf16 except overrides; no scores computed */
+    PRISM_MODE_STATIC = 1,  /* overrides only, every other block bf16; scores computed and reported */
+    PRISM_MODE_DYNAMIC = 2  /* scores, hysteresis, cooldown, non-finite rule and overrides */
+} prism_mode;
+
+typedef enum prism_ambiguous {
+    PRISM_AMBIGUOUS_BF16 = 0, /* "bf16" */
+    PRISM_AMBIGUOUS_LOW = 1   /* "int8" or "low": the configured low_precision */
+} prism_ambiguous;
+
+typedef struct prism_block_list {
+    uint32_t *ids; /* sorted ascending, no duplicates; owned by the config */
+    size_t count;
+} prism_block_list;
+
+typedef struct prism_config {
+    bool enabled;
+    prism_mode mode;
+    double bf16_threshold;
+    double int8_threshold;
+    prism_ambiguous ambiguous_default;
+    double hysteresis_margin;
+    double grad_weight;
+    double error_weight;
+    double grad_sensitivity_threshold;
+    bool run_calibration;
+    int64_t calibration_samples;
+    double quant_error_threshold;
+    int64_t warmup_steps;
+    int64_t history_window;
+    int64_t update_interval_steps;
+    int64_t min_steps_between_switches;
+    prism_block_list force_bf16_blocks;
+    prism_block_list force_int8_blocks; /* forced to low_precision, whatever its format */
+    bool log_decisions;
+    bool telemetry_enabled;
+    char *telemetry_file;
+    prism_precision low_precision;
+    int64_t apply_lag_steps;
+    int64_t step_timeout_ms;
+    int64_t world_size; /* 0: from the agents' Hello */
+} prism_config;
+
+typedef enum prism_config_type {
+    PRISM_CFG_BOOL,
+    PRISM_CFG_INT,
+    PRISM_CFG_DOUBLE,
+    PRISM_CFG_CHOICE, /* a string from a fixed list, stored in an enum field */
+    PRISM_CFG_STRING,
+    PRISM_CFG_BLOCKS  /* an array of block ids */
+} prism_config_type;
+
+typedef struct prism_config_choice {
+    const char *name;
+    int value;
+} prism_config_choice;
+
+typedef struct prism_config_key {
+    const char *name;
+    prism_config_type type;
+    size_t offset;             /* of the field in prism_config */
+    const char *default_text;  /* the default as JSON text, e.g. "0.6", "\"dynamic\"", "[]" */
+    double min, max;           /* numeric range, inclusive unless the flags say otherwise */
+    bool min_exclusive;
+    const prism_config_choice *choices; /* PRISM_CFG_CHOICE: terminated by {NULL, 0} */
+    const char *help;
+} prism_config_key;
+
+/* The table, in the order of DESIGN 4.1; *count receives its length. */
+const prism_config_key *prism_config_keys(size_t *count);
+
+/* Fills cfg with the defaults. Cannot fail except for memory; cfg must later be freed. */
+prism_status prism_config_init(prism_config *cfg, prism_error *err);
+void prism_config_free(prism_config *cfg);
+prism_status prism_config_copy(prism_config *dst, const prism_config *src, prism_error *err);
+
+/* Applies the keys of obj (the bare object: keys of the table only) on top of base and
+ * validates the result as a whole. On success *out holds the new config (out may alias base);
+ * on failure nothing is changed and err names the key. key_prefix ("" or e.g.
+ * "memory.stagehand.selective_precision.") is put in front of key names in messages. */
+prism_status prism_config_apply_json(const prism_config *base, const json_t *obj,
+                                     const char *key_prefix, prism_config *out, prism_error *err);
+
+/* Parses a config document: the bare object or the nested training config
+ * {"memory": {"stagehand": {"selective_precision": {...}}}}, on top of the defaults.
+ * source names the document in messages (a file name); syntax errors give line and column. */
+prism_status prism_config_load_buffer(const char *text, size_t len, const char *source,
+                                      prism_config *out, prism_error *err);
+prism_status prism_config_load_file(const char *path, prism_config *out, prism_error *err);
+
+/* Checks the cross-key rules (int8_threshold < bf16_threshold, no block in both force lists). */
+prism_status prism_config_validate(const prism_config *cfg, prism_error *err);
+
+/* The config as a bare JSON object with every key of the table. Caller decrefs. */
+json_t *prism_config_to_json(const prism_config *cfg);
+
+/* Prints the table (key, default, range, help) for --help texts. */
+void prism_config_print_help(FILE *out);
+
+bool prism_block_list_contains(const prism_block_list *list, uint32_t id);
+
+#endif

@@ -1,0 +1,60 @@
+/* Rank merge of DESIGN 4.3: gathers every rank's report of a step and hands out complete,
+ * merged steps in step order. A step is ready when all world_size ranks reported it, when
+ * step_timeout_ms passed since its first report, when a later step became ready (ranks send
+ * their steps in order), or when the caller closes everything. Time is passed in. */
+#ifndef PRISM_POLICY_MERGE_H
+#define PRISM_POLICY_MERGE_H
+
+#include "policy.h"
+
+/* At most this many steps are open at once; one more makes the oldest ready. */
+#define PRISM_MERGE_MAX_OPEN_STEPS 64
+
+typedef enum prism_merge_outcome {
+    PRISM_MERGE_ACCEPTED = 0,
+    PRISM_MERGE_DROPPED_LATE,      /* the step is not newer than the last one handed out */
+    PRISM_MERGE_DROPPED_DUPLICATE  /* this rank already reported this step */
+} prism_merge_outcome;
+
+typedef struct prism_merge_counters {
+    uint64_t accepted;
+    uint64_t dropped_late;
+    uint64_t dropped_duplicate;
+    uint64_t timed_out;        /* steps handed out after their timeout with ranks missing */
+    uint64_t closed_early;     /* steps handed out incomplete because a later one was ready */
+} prism_merge_counters;
+
+typedef struct prism_merged_step {
+    uint64_t step;
+    uint32_t ranks;            /* ranks that reported it */
+    bool has_loss;
+    double loss;               /* mean over the ranks that sent one */
+    const prism_block_stats *blocks; /* valid until the next call on the merger */
+    size_t count;
+} prism_merged_step;
+
+typedef struct prism_merger prism_merger;
+
+prism_merger *prism_merger_create(uint32_t world_size, int64_t step_timeout_ms, prism_error *err);
+void prism_merger_destroy(prism_merger *m);
+
+/* Adds one rank's report. A malformed report (rank >= world_size, duplicate block ids, bad
+ * figures) is an error and changes nothing; a late or repeated one is dropped, counted and
+ * reported in *outcome. */
+prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, bool has_loss, double loss,
+                              const prism_block_stats *blocks, size_t count, int64_t now_ms,
+                              prism_merge_outcome *outcome, prism_error *err);
+
+/* Hands out the oldest ready step, if any. */
+bool prism_merger_next(prism_merger *m, int64_t now_ms, prism_merged_step *out);
+
+/* Makes every open step ready (end of a replay, shutdown). */
+void prism_merger_close_all(prism_merger *m);
+
+/* Milliseconds until the oldest open step times out (0 if one is ready now, -1 if none is open). */
+int64_t prism_merger_wait_ms(const prism_merger *m, int64_t now_ms);
+
+size_t prism_merger_open_steps(const prism_merger *m);
+const prism_merge_counters *prism_merger_counters(const prism_merger *m);
+
+#endif

@@ -1,0 +1,552 @@
+/* The decision rules of DESIGN 4.2 and the summary of 4.4. Per-block state sits in arrays
+ * indexed by a dense slot (idmap.h); the window of a block is a ring of history_window
+ * relative magnitudes in one shared array. */
+#include "policy.h"
+
+#include "idmap.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct block {
+    prism_block_view view;
+    bool reported;          /* stats arrived at least once; unreported slots only hold bytes or calibration */
+    bool assigned;          /* placed by the score rule at least once */
+    bool nonfinite_pending; /* a non-finite step since the last decision */
+    uint32_t win_len, win_head;
+    uint64_t seen_call;     /* add_step call that last saw it, to catch repeated ids */
+    double calibration[PRISM_PRECISION_COUNT]; /* NaN: not known */
+} block;
+
+struct prism_policy {
+    prism_config cfg;
+    prism_config pending;
+    bool has_pending;
+    prism_idmap ids;
+    block *blocks;
+    size_t nblocks, cap_blocks;
+    double *windows;       /* cap_blocks * stride */
+    size_t stride;         /* the history_window the array was laid out for */
+    uint32_t *order;       /* slots of reported blocks in ascending id order */
+    size_t norder;
+    bool order_dirty;
+    uint64_t collected;
+    uint64_t calls;
+    bool has_last_step;
+    uint64_t last_step;
+    uint64_t map_version;
+    prism_change *changes;
+    size_t nchanges, cap_changes;
+    uint32_t *step_slots;  /* scratch: slot of each record of the current step */
+    size_t cap_step_slots;
+};
+
+const char *prism_reason_name(prism_reason r)
+{
+    switch (r) {
+    case PRISM_REASON_NONE: return "none";
+    case PRISM_REASON_SCORE: return "score";
+    case PRISM_REASON_OVERRIDE: return "override";
+    case PRISM_REASON_MODE: return "mode";
+    case PRISM_REASON_NONFINITE: return "nonfinite";
+    case PRISM_REASON_LOSS_SPIKE: return "loss_spike";
+    }
+    return "?";
+}
+
+prism_status prism_block_stats_check(const prism_block_stats *s, prism_error *err)
+{
+    /* NaN compares false, so these reject negatives and let a NaN l2 through as non-finite. */
+    if (s->l2_norm < 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "block %u: l2_norm %g is negative", s->block_id,
+                               s->l2_norm);
+    if (s->max_abs < 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "block %u: max_abs %g is negative", s->block_id,
+                               s->max_abs);
+    if (s->variance < 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "block %u: variance %g is negative", s->block_id,
+                               s->variance);
+    if (s->nonfinite > s->numel)
+        return prism_error_set(err, PRISM_ERR_INVALID, "block %u: nonfinite %llu exceeds numel %llu",
+                               s->block_id, (unsigned long long)s->nonfinite, (unsigned long long)s->numel);
+    return PRISM_OK;
+}
+
+bool prism_block_stats_finite(const prism_block_stats *s)
+{
+    return s->nonfinite == 0 && isfinite(s->l2_norm);
+}
+
+static prism_status nomem(prism_error *err)
+{
+    return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+}
+
+prism_policy *prism_policy_create(const prism_config *cfg, prism_error *err)
+{
+    if (prism_config_validate(cfg, err))
+        return NULL;
+    prism_policy *p = calloc(1, sizeof *p);
+    if (!p) {
+        nomem(err);
+        return NULL;
+    }
+    if (prism_config_copy(&p->cfg, cfg, err)) {
+        free(p);
+        return NULL;
+    }
+    prism_idmap_init(&p->ids);
+    p->stride = (size_t)cfg->history_window;
+    return p;
+}
+
+void prism_policy_destroy(prism_policy *p)
+{
+    if (!p)
+        return;
+    prism_config_free(&p->cfg);
+    if (p->has_pending)
+        prism_config_free(&p->pending);
+    prism_idmap_free(&p->ids);
+    free(p->blocks);
+    free(p->windows);
+    free(p->order);
+    free(p->changes);
+    free(p->step_slots);
+    free(p);
+}
+
+const prism_config *prism_policy_config(const prism_policy *p)
+{
+    return &p->cfg;
+}
+
+prism_status prism_policy_set_config(prism_policy *p, const prism_config *cfg, prism_error *err)
+{
+    prism_status st = prism_config_validate(cfg, err);
+    if (st)
+        return st;
+    prism_config copy;
+    if ((st = prism_config_copy(&copy, cfg, err)))
+        return st;
+    if (p->has_pending)
+        prism_config_free(&p->pending);
+    p->pending = copy;
+    p->has_pending = true;
+    return PRISM_OK;
+}
+
+/* The slot of id, created (unreported) when absent. */
+static prism_status slot_of(prism_policy *p, uint32_t id, uint32_t *slot, prism_error *err)
+{
+    uint32_t s = prism_idmap_get(&p->ids, id);
+    if (s != PRISM_IDMAP_NONE) {
+        *slot = s;
+        return PRISM_OK;
+    }
+    if (p->nblocks >= UINT32_MAX - 1)
+        return prism_error_set(err, PRISM_ERR_LIMIT, "too many blocks");
+    if (p->nblocks == p->cap_blocks) {
+        size_t ncap = p->cap_blocks ? p->cap_blocks * 2 : 64;
+        block *nb = realloc(p->blocks, ncap * sizeof *nb);
+        if (!nb)
+            return nomem(err);
+        p->blocks = nb;
+        double *nw = realloc(p->windows, ncap * p->stride * sizeof *nw);
+        if (!nw)
+            return nomem(err);
+        p->windows = nw;
+        uint32_t *no = realloc(p->order, ncap * sizeof *no);
+        if (!no)
+            return nomem(err);
+        p->order = no;
+        p->cap_blocks = ncap;
+    }
+    if (prism_idmap_put(&p->ids, id, (uint32_t)p->nblocks))
+        return nomem(err);
+    block *b = &p->blocks[p->nblocks];
+    memset(b, 0, sizeof *b);
+    b->view.id = id;
+    b->view.precision = PRISM_PRECISION_BF16;
+    for (int f = 0; f < PRISM_PRECISION_COUNT; f++)
+        b->calibration[f] = NAN;
+    *slot = (uint32_t)p->nblocks++;
+    return PRISM_OK;
+}
+
+prism_status prism_policy_set_block_bytes(prism_policy *p, uint32_t block_id, uint64_t bytes, prism_error *err)
+{
+    uint32_t s;
+    prism_status st = slot_of(p, block_id, &s, err);
+    if (!st)
+        p->blocks[s].view.param_bytes_bf16 = bytes;
+    return st;
+}
+
+prism_status prism_policy_set_calibration(prism_policy *p, prism_precision format, uint32_t block_id,
+                                          double relative_error, prism_error *err)
+{
+    if (format == PRISM_PRECISION_BF16 || (unsigned)format >= PRISM_PRECISION_COUNT)
+        return prism_error_set(err, PRISM_ERR_INVALID, "calibration format must be a low precision, got %s",
+                               prism_precision_name(format));
+    if (!isfinite(relative_error) || relative_error < 0)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "block %u: calibration error %g must be a finite number >= 0", block_id,
+                               relative_error);
+    uint32_t s;
+    prism_status st = slot_of(p, block_id, &s, err);
+    if (!st)
+        p->blocks[s].calibration[format] = relative_error;
+    return st;
+}
+
+static double *window_of(prism_policy *p, uint32_t slot)
+{
+    return p->windows + (size_t)slot * p->stride;
+}
+
+static void window_push(prism_policy *p, uint32_t slot, double rel)
+{
+    block *b = &p->blocks[slot];
+    double *w = window_of(p, slot);
+    if (b->win_len < p->stride) {
+        w[(b->win_head + b->win_len) % p->stride] = rel;
+        b->win_len++;
+    } else {
+        w[b->win_head] = rel;
+        b->win_head = (uint32_t)((b->win_head + 1) % p->stride);
+    }
+}
+
+/* Lays the windows out again for a new history_window, keeping each block's newest values. */
+static prism_status relayout_windows(prism_policy *p, size_t stride, prism_error *err)
+{
+    double *nw = malloc((p->cap_blocks ? p->cap_blocks : 1) * stride * sizeof *nw);
+    if (!nw)
+        return nomem(err);
+    for (size_t s = 0; s < p->nblocks; s++) {
+        block *b = &p->blocks[s];
+        const double *w = window_of(p, (uint32_t)s);
+        uint32_t keep = b->win_len < stride ? b->win_len : (uint32_t)stride;
+        for (uint32_t i = 0; i < keep; i++)
+            nw[s * stride + i] = w[(b->win_head + b->win_len - keep + i) % p->stride];
+        b->win_len = keep;
+        b->win_head = 0;
+    }
+    free(p->windows);
+    p->windows = nw;
+    p->stride = stride;
+    return PRISM_OK;
+}
+
+static prism_status apply_pending_config(prism_policy *p, prism_error *err)
+{
+    if (!p->has_pending)
+        return PRISM_OK;
+    if ((size_t)p->pending.history_window != p->stride) {
+        prism_status st = relayout_windows(p, (size_t)p->pending.history_window, err);
+        if (st)
+            return st;
+    }
+    prism_config_free(&p->cfg);
+    p->cfg = p->pending;
+    p->has_pending = false;
+    return PRISM_OK;
+}
+
+static prism_status record_change(prism_policy *p, block *b, prism_precision to, uint64_t step,
+                                  prism_reason reason, prism_error *err)
+{
+    if (p->nchanges == p->cap_changes) {
+        size_t ncap = p->cap_changes ? p->cap_changes * 2 : 64;
+        prism_change *nc = realloc(p->changes, ncap * sizeof *nc);
+        if (!nc)
+            return nomem(err);
+        p->changes = nc;
+        p->cap_changes = ncap;
+    }
+    p->changes[p->nchanges++] = (prism_change){b->view.id, b->view.precision, to, step, reason};
+    b->view.precision = to;
+    b->view.reason = reason;
+    b->view.has_switch = true;
+    b->view.last_switch_step = step;
+    return PRISM_OK;
+}
+
+static bool is_low(prism_precision x)
+{
+    return x != PRISM_PRECISION_BF16;
+}
+
+/* The override that applies to a block under cfg: 0 none, 1 bf16, 2 low. */
+static int override_of(const prism_config *cfg, uint32_t id)
+{
+    if (!cfg->enabled)
+        return 0;
+    if (prism_block_list_contains(&cfg->force_bf16_blocks, id))
+        return 1;
+    if (prism_block_list_contains(&cfg->force_int8_blocks, id))
+        return 2;
+    return 0;
+}
+
+static void score_block(prism_policy *p, uint32_t slot)
+{
+    const prism_config *c = &p->cfg;
+    block *b = &p->blocks[slot];
+    prism_block_view *v = &b->view;
+    v->has_score = false;
+    v->has_error_score = false;
+    v->sensitivity = v->grad_score = v->relative_magnitude = v->error_score = 0;
+    if (!c->enabled || c->mode == PRISM_MODE_OFF || b->win_len == 0)
+        return;
+    const double *w = window_of(p, slot);
+    double sum = 0;
+    for (uint32_t i = 0; i < b->win_len; i++)
+        sum += w[(b->win_head + i) % p->stride];
+    v->relative_magnitude = sum / b->win_len;
+    v->grad_score = fmin(v->relative_magnitude / c->grad_sensitivity_threshold, 1.0);
+    double s = v->grad_score;
+    double e = b->calibration[c->low_precision];
+    if (!isnan(e)) {
+        v->has_error_score = true;
+        v->error_score = fmin(e / c->quant_error_threshold, 1.0);
+        s = c->grad_weight * v->grad_score + c->error_weight * v->error_score;
+    }
+    v->sensitivity = fmin(fmax(s, 0.0), 1.0);
+    v->has_score = true;
+}
+
+/* Where the rules of DESIGN 4.2 put one block at a decision of step. */
+static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, prism_error *err)
+{
+    const prism_config *c = &p->cfg;
+    block *b = &p->blocks[slot];
+    prism_block_view *v = &b->view;
+    prism_precision low = c->low_precision;
+    bool nonfinite = b->nonfinite_pending;
+    b->nonfinite_pending = false;
+    score_block(p, slot);
+
+    int forced = override_of(c, v->id);
+    v->forced = forced != 0;
+    prism_precision target = v->precision;
+    prism_reason reason = PRISM_REASON_SCORE;
+    if (!c->enabled) {
+        target = PRISM_PRECISION_BF16;
+        reason = PRISM_REASON_MODE;
+    } else if (forced) {
+        target = forced == 1 ? PRISM_PRECISION_BF16 : low;
+        reason = PRISM_REASON_OVERRIDE;
+    } else if (c->mode != PRISM_MODE_DYNAMIC) {
+        target = PRISM_PRECISION_BF16;
+        reason = PRISM_REASON_MODE;
+    } else if (nonfinite) {
+        target = PRISM_PRECISION_BF16;
+        reason = PRISM_REASON_NONFINITE;
+    } else if (v->has_score) {
+        double s = v->sensitivity;
+        bool want_low;
+        if (!b->assigned) {
+            want_low = s >= c->bf16_threshold  ? false
+                       : s < c->int8_threshold ? true
+                                               : c->ambiguous_default == PRISM_AMBIGUOUS_LOW;
+            b->assigned = true;
+        } else if (is_low(v->precision)) {
+            want_low = !(s >= c->bf16_threshold);
+        } else {
+            want_low = s < c->int8_threshold - c->hysteresis_margin;
+        }
+        bool cooling = v->has_switch && step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
+        if (want_low != is_low(v->precision) && !cooling)
+            target = want_low ? low : PRISM_PRECISION_BF16;
+    }
+    /* A block kept low follows a change of the low format. */
+    if (is_low(target) && target != low) {
+        target = low;
+        reason = PRISM_REASON_MODE;
+    }
+    if (target != v->precision)
+        return record_change(p, b, target, step, reason, err);
+    return PRISM_OK;
+}
+
+static int compare_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Rebuilds the id-ordered list of reported slots after new blocks appeared. */
+static prism_status refresh_order(prism_policy *p, prism_error *err)
+{
+    if (!p->order_dirty)
+        return PRISM_OK;
+    uint64_t *keyed = malloc((p->nblocks ? p->nblocks : 1) * sizeof *keyed);
+    if (!keyed)
+        return nomem(err);
+    size_t n = 0;
+    for (size_t s = 0; s < p->nblocks; s++)
+        if (p->blocks[s].reported)
+            keyed[n++] = (uint64_t)p->blocks[s].view.id << 32 | s;
+    qsort(keyed, n, sizeof *keyed, compare_u64);
+    for (size_t i = 0; i < n; i++)
+        p->order[i] = (uint32_t)keyed[i];
+    free(keyed);
+    p->norder = n;
+    p->order_dirty = false;
+    return PRISM_OK;
+}
+
+static void summarize(prism_policy *p, uint64_t step, prism_summary *s)
+{
+    memset(s, 0, sizeof *s);
+    s->step_id = step;
+    s->low_precision = p->cfg.low_precision;
+    s->precision_changes = p->nchanges;
+    bool all_bytes = true;
+    for (size_t i = 0; i < p->norder && all_bytes; i++)
+        all_bytes = p->blocks[p->order[i]].view.param_bytes_bf16 > 0;
+    double saved = 0, total = 0, sens_sum = 0;
+    for (size_t i = 0; i < p->norder; i++) {
+        const prism_block_view *v = &p->blocks[p->order[i]].view;
+        if (is_low(v->precision))
+            s->blocks_low++;
+        else
+            s->blocks_bf16++;
+        double w = all_bytes ? (double)v->param_bytes_bf16 : 1.0;
+        saved += w * prism_precision_saving(v->precision);
+        total += w;
+        if (v->has_score) {
+            if (s->scored == 0 || v->sensitivity > s->max_sensitivity)
+                s->max_sensitivity = v->sensitivity;
+            if (s->scored == 0 || v->sensitivity < s->min_sensitivity)
+                s->min_sensitivity = v->sensitivity;
+            sens_sum += v->sensitivity;
+            s->scored++;
+        }
+    }
+    if (s->scored)
+        s->mean_sensitivity = sens_sum / (double)s->scored;
+    s->bandwidth_saving_pct = total > 0 ? round(saved / total * 100.0 * 10.0) / 10.0 : 0.0;
+}
+
+static bool is_decision_step(const prism_config *c, uint64_t n)
+{
+    uint64_t w = c->warmup_steps > 1 ? (uint64_t)c->warmup_steps : 1;
+    return n == w || (n > w && (n - w) % (uint64_t)c->update_interval_steps == 0);
+}
+
+prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
+                                   size_t count, prism_step_result *out, prism_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (p->has_last_step && step <= p->last_step)
+        return prism_error_set(err, PRISM_ERR_STATE, "step %llu is not after the last step %llu",
+                               (unsigned long long)step, (unsigned long long)p->last_step);
+    if (count > p->cap_step_slots) {
+        uint32_t *ns = realloc(p->step_slots, count * sizeof *ns);
+        if (!ns)
+            return nomem(err);
+        p->step_slots = ns;
+        p->cap_step_slots = count;
+    }
+    /* Check everything before changing anything that shows. */
+    p->calls++;
+    prism_status st;
+    double l2_sum = 0;
+    size_t finite = 0;
+    for (size_t i = 0; i < count; i++) {
+        const prism_block_stats *r = &blocks[i];
+        if ((st = prism_block_stats_check(r, err)))
+            return st;
+        if ((st = slot_of(p, r->block_id, &p->step_slots[i], err)))
+            return st;
+        block *b = &p->blocks[p->step_slots[i]];
+        if (b->seen_call == p->calls)
+            return prism_error_set(err, PRISM_ERR_INVALID, "block %u appears twice in step %llu", r->block_id,
+                                   (unsigned long long)step);
+        b->seen_call = p->calls;
+        if (prism_block_stats_finite(r)) {
+            l2_sum += r->l2_norm;
+            finite++;
+        }
+    }
+    double mean_l2 = finite ? l2_sum / (double)finite : 0.0;
+
+    p->nchanges = 0;
+    for (size_t i = 0; i < count; i++) {
+        const prism_block_stats *r = &blocks[i];
+        uint32_t slot = p->step_slots[i];
+        block *b = &p->blocks[slot];
+        if (!b->reported) {
+            b->reported = true;
+            p->order_dirty = true;
+            int forced = override_of(&p->cfg, r->block_id);
+            b->view.forced = forced != 0;
+            if (forced == 2 && (st = record_change(p, b, p->cfg.low_precision, step, PRISM_REASON_OVERRIDE, err)))
+                return st;
+        }
+        if (prism_block_stats_finite(r))
+            window_push(p, slot, mean_l2 > 0 ? r->l2_norm / mean_l2 : 0.0);
+        else
+            b->nonfinite_pending = true;
+    }
+    p->collected++;
+    p->has_last_step = true;
+    p->last_step = step;
+    if ((st = refresh_order(p, err)))
+        return st;
+
+    if (is_decision_step(&p->cfg, p->collected)) {
+        if ((st = apply_pending_config(p, err)))
+            return st;
+        size_t first_report_changes = p->nchanges;
+        for (size_t i = 0; i < p->norder; i++)
+            if ((st = decide_block(p, p->order[i], step, err)))
+                return st;
+        out->decided = true;
+        summarize(p, step, &out->summary);
+        out->summary.precision_changes = p->nchanges - first_report_changes;
+    }
+    if (p->nchanges) {
+        p->map_version++;
+        out->map_changed = true;
+    }
+    out->map_version = p->map_version;
+    out->summary.map_version = p->map_version;
+    out->decided_step = step;
+    out->effective_step = step + (uint64_t)p->cfg.apply_lag_steps;
+    out->changes = p->changes;
+    out->change_count = p->nchanges;
+    return PRISM_OK;
+}
+
+uint64_t prism_policy_steps_collected(const prism_policy *p)
+{
+    return p->collected;
+}
+
+uint64_t prism_policy_map_version(const prism_policy *p)
+{
+    return p->map_version;
+}
+
+size_t prism_policy_block_count(const prism_policy *p)
+{
+    return p->norder;
+}
+
+const prism_block_view *prism_policy_block(const prism_policy *p, size_t index)
+{
+    return index < p->norder ? &p->blocks[p->order[index]].view : NULL;
+}
+
+const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t block_id)
+{
+    uint32_t s = prism_idmap_get(&p->ids, block_id);
+    if (s == PRISM_IDMAP_NONE || !p->blocks[s].reported)
+        return NULL;
+    return &p->blocks[s].view;
+}

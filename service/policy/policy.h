@@ -1,0 +1,126 @@
+/* The policy core of DESIGN 4.2 to 4.4: per-block windows, scores, first assignment,
+ * hysteresis, cooldown, the non-finite rule, modes, overrides and the telemetry summary of
+ * every decision. It does no I/O, starts no thread and reads no clock: a caller (prismd's
+ * policy thread, `prismctl replay`) feeds it complete, rank-merged steps in order. One
+ * prism_policy is one job; it is not thread-safe, and needs no locking when one thread owns it. */
+#ifndef PRISM_POLICY_POLICY_H
+#define PRISM_POLICY_POLICY_H
+
+#include "config.h"
+
+/* Per block, per step statistics (DESIGN 3), one rank's or already merged over ranks. */
+typedef struct prism_block_stats {
+    uint32_t block_id;
+    double l2_norm;   /* sqrt of the sum of squares over the block's gradient tensors */
+    double max_abs;
+    double mean;
+    double variance;  /* population variance of the finite elements */
+    uint64_t numel;   /* all elements, non-finite ones included */
+    uint64_t nonfinite; /* NaN/Inf elements, left out of every other figure */
+} prism_block_stats;
+
+/* A report is well formed when its figures are non-negative and nonfinite <= numel.
+ * NaN or Inf in l2_norm is allowed: the block counts as non-finite for that step. */
+prism_status prism_block_stats_check(const prism_block_stats *s, prism_error *err);
+
+/* True when the block's figures for this step may enter its window. */
+bool prism_block_stats_finite(const prism_block_stats *s);
+
+/* Values match the wire enum prism.v1.SwitchReason. */
+typedef enum prism_reason {
+    PRISM_REASON_NONE = 0, /* never changed: the state it was first reported in */
+    PRISM_REASON_SCORE = 1,
+    PRISM_REASON_OVERRIDE = 2,
+    PRISM_REASON_MODE = 3,
+    PRISM_REASON_NONFINITE = 4,
+    PRISM_REASON_LOSS_SPIKE = 5
+} prism_reason;
+
+/* "none", "score", "override", "mode", "nonfinite", "loss_spike". */
+const char *prism_reason_name(prism_reason r);
+
+typedef struct prism_change {
+    uint32_t block_id;
+    prism_precision from, to;
+    uint64_t step;
+    prism_reason reason;
+} prism_change;
+
+/* What the policy knows of one block, as callers see it. */
+typedef struct prism_block_view {
+    uint32_t id;
+    prism_precision precision;
+    prism_reason reason;          /* of the last change */
+    bool has_switch;              /* last_switch_step is valid */
+    uint64_t last_switch_step;
+    bool forced;                  /* in a force list of the active config (and enabled) */
+    bool has_score;               /* false: empty window, or a mode that computes no score */
+    double sensitivity;           /* s, in [0, 1] */
+    double grad_score;
+    double relative_magnitude;    /* mean of rel over the window */
+    bool has_error_score;         /* a calibration error for the current low precision is known */
+    double error_score;
+    uint64_t param_bytes_bf16;    /* 0: not reported */
+} prism_block_view;
+
+/* The figures of one decision (DESIGN 4.4, less the per-block details). */
+typedef struct prism_summary {
+    uint64_t step_id;
+    uint64_t map_version;
+    prism_precision low_precision;
+    size_t blocks_bf16;
+    size_t blocks_low;        /* "blocks_int8": blocks at the low precision, whatever its format */
+    size_t precision_changes; /* blocks whose precision changed at this decision */
+    size_t scored;            /* blocks with a score; the three sensitivities are null when 0 */
+    double mean_sensitivity, max_sensitivity, min_sensitivity;
+    double bandwidth_saving_pct; /* rounded to one decimal */
+} prism_summary;
+
+typedef struct prism_step_result {
+    bool decided;          /* the step was a decision step; summary is filled */
+    bool map_changed;      /* map_version moved: send the map */
+    uint64_t map_version;
+    uint64_t decided_step;
+    uint64_t effective_step; /* decided_step + apply_lag_steps */
+    const prism_change *changes; /* valid until the next call on the policy */
+    size_t change_count;
+    prism_summary summary;
+} prism_step_result;
+
+typedef struct prism_policy prism_policy;
+
+/* Copies cfg, which must be valid. Returns NULL (and fills err) on failure. */
+prism_policy *prism_policy_create(const prism_config *cfg, prism_error *err);
+void prism_policy_destroy(prism_policy *p);
+
+/* The config in force (a new one set with prism_policy_set_config waits for the next decision). */
+const prism_config *prism_policy_config(const prism_policy *p);
+
+/* Validates and copies cfg; it takes effect at the next decision (DESIGN 4.2, 6). */
+prism_status prism_policy_set_config(prism_policy *p, const prism_config *cfg, prism_error *err);
+
+/* The BF16 byte size of a block's parameters, used to weight the bandwidth saving. */
+prism_status prism_policy_set_block_bytes(prism_policy *p, uint32_t block_id, uint64_t bytes,
+                                          prism_error *err);
+
+/* A calibration error (DESIGN 4.5) for a block in a low format; used from the next decision on
+ * whenever format is the config's low_precision. */
+prism_status prism_policy_set_calibration(prism_policy *p, prism_precision format, uint32_t block_id,
+                                          double relative_error, prism_error *err);
+
+/* Feeds one complete step. Steps must come in increasing order; block ids in one step must be
+ * distinct. On error nothing is changed. On a decision step runs the decision. */
+prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
+                                   size_t count, prism_step_result *out, prism_error *err);
+
+/* Steps collected so far (n of DESIGN 4.2), last step id, current map version. */
+uint64_t prism_policy_steps_collected(const prism_policy *p);
+uint64_t prism_policy_map_version(const prism_policy *p);
+
+/* The reported blocks in ascending id order; the view is valid until the next mutating call. */
+size_t prism_policy_block_count(const prism_policy *p);
+const prism_block_view *prism_policy_block(const prism_policy *p, size_t index);
+/* One block by id, or NULL when it was never reported. */
+const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t block_id);
+
+#endif
