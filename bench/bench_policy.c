@@ -1,0 +1,126 @@
+/* Policy decision time (DESIGN 13: under 1 ms for 10,000 blocks).
+ *
+ * Napkin math: a decision touches each block once: a window mean over history_window (5)
+ * doubles, a score, a comparison or two, and the summary. That is ~100 bytes and a few dozen
+ * instructions per block, so 10,000 blocks should take tens of microseconds on one core; the
+ * memory (10,000 x ~150 bytes) fits in L2. Anything near 1 ms would mean a quadratic step.
+ *
+ * For each block count, the benchmark feeds steps whose statistics change so blocks really
+ * switch, and times prism_policy_add_step on decision steps (ingest of the step included: the
+ * decision cannot happen without it), on plain steps (ingest only), and the telemetry line. */
+#define _POSIX_C_SOURCE 200809L
+#include "policy.h"
+#include "telemetry.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double percentile(double *v, size_t n, double p)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i];
+}
+
+/* A deterministic pseudo-random stream (xorshift), so every run sees the same statistics. */
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static void fill_step(prism_block_stats *b, size_t n, uint64_t step)
+{
+    for (size_t i = 0; i < n; i++) {
+        /* A third of the blocks drift between sensitive and insensitive over time. */
+        double base = (i % 3 == 0) ? 1.0 + sin((double)step / 40.0 + (double)i) : 0.2 + 1.6 * (double)(i % 7) / 7.0;
+        b[i] = (prism_block_stats){(uint32_t)(i * 7 + 3), base * (0.9 + 0.2 * rnd()), 1.0, 0.0, 1e-4, 1u << 20, 0};
+    }
+}
+
+static int run(size_t nblocks, int decisions)
+{
+    prism_error err;
+    prism_config cfg;
+    if (prism_config_init(&cfg, &err))
+        return 1;
+    cfg.warmup_steps = 5;
+    cfg.update_interval_steps = 2;
+    cfg.min_steps_between_switches = 4;
+    prism_policy *p = prism_policy_create(&cfg, &err);
+    prism_block_stats *b = malloc(nblocks * sizeof *b);
+    double *dec = malloc((size_t)decisions * sizeof *dec);
+    double *ing = malloc((size_t)decisions * sizeof *ing);
+    double *tel = malloc((size_t)decisions * sizeof *tel);
+    if (!p || !b || !dec || !ing || !tel)
+        return 1;
+    prism_buf out = {0};
+    int nd = 0, ni = 0;
+    size_t changes = 0;
+    for (uint64_t step = 1; nd < decisions; step++) {
+        fill_step(b, nblocks, step);
+        prism_step_result res;
+        double t0 = now_us();
+        if (prism_policy_add_step(p, step, b, nblocks, &res, &err)) {
+            fprintf(stderr, "bench: %s\n", err.message);
+            return 1;
+        }
+        double t1 = now_us();
+        if (res.decided) {
+            dec[nd] = t1 - t0;
+            changes += res.summary.precision_changes;
+            out.len = 0;
+            double t2 = now_us();
+            prism_telemetry_append(&out, p, &res.summary, 1.0);
+            tel[nd++] = now_us() - t2;
+        } else if (ni < decisions) {
+            ing[ni++] = t1 - t0;
+        }
+    }
+    printf("%8zu  %10.1f  %10.1f  %10.1f  %12.1f  %14.1f  %10zu\n", nblocks, percentile(dec, (size_t)nd, 0.5),
+           percentile(dec, (size_t)nd, 0.99), percentile(ing, (size_t)ni, 0.5), percentile(tel, (size_t)nd, 0.5),
+           (double)nblocks / percentile(ing, (size_t)ni, 0.5), changes / (size_t)nd);
+    prism_buf_free(&out);
+    free(b);
+    free(dec);
+    free(ing);
+    free(tel);
+    prism_policy_destroy(p);
+    prism_config_free(&cfg);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int decisions = argc > 1 ? atoi(argv[1]) : 300;
+    if (decisions < 10)
+        decisions = 10;
+    printf("policy decision time, %d decisions per row (microseconds; target: decision p50 < 1000 at 10000 blocks)\n",
+           decisions);
+    printf("%8s  %10s  %10s  %10s  %12s  %14s  %10s\n", "blocks", "decide p50", "decide p99", "ingest p50",
+           "telemetry p50", "records/us", "changes/dec");
+    static const size_t sizes[] = {48, 1000, 10000};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (run(sizes[i], decisions))
+            return 1;
+    return 0;
+}

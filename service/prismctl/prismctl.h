@@ -1,0 +1,7 @@
+/* prismctl's commands; each returns the process exit status (0 ok, 1 failure, 2 bad input). */
+#ifndef PRISMCTL_H
+#define PRISMCTL_H
+
+int prismctl_replay(int argc, char **argv);
+
+#endif
