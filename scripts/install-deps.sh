@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that Prism's build, tests and demo need, and nothing when
+# they are all there already (one dpkg-query per package, no apt-get update).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git ca-certificates curl
+  libjansson-dev libcunit1-dev libprotobuf-c-dev protobuf-c-compiler
+  libmicrohttpd-dev libsqlite3-dev python3
+)
+
+die() {
+  echo "install-deps: $*" >&2
+  exit 1
+}
+
+if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+  die "this script needs a Debian-based system with apt-get and dpkg (Debian 12 is supported);" \
+      "install these packages or their equivalents by hand: ${PACKAGES[*]}"
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PACKAGES[@]} packages are installed"
+  exit 0
+fi
+
+sudo=()
+if ((EUID != 0)); then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    die "not running as root and sudo is not available; run as root or install: ${missing[*]}"
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: done"
