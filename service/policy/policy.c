@@ -177,7 +177,7 @@ static prism_status slot_of(prism_policy *p, uint32_t id, uint32_t *slot, prism_
 
 prism_status prism_policy_set_block_bytes(prism_policy *p, uint32_t block_id, uint64_t bytes, prism_error *err)
 {
-    uint32_t s;
+    uint32_t s = 0;
     prism_status st = slot_of(p, block_id, &s, err);
     if (!st)
         p->blocks[s].view.param_bytes_bf16 = bytes;
@@ -194,7 +194,7 @@ prism_status prism_policy_set_calibration(prism_policy *p, prism_precision forma
         return prism_error_set(err, PRISM_ERR_INVALID,
                                "block %u: calibration error %g must be a finite number >= 0", block_id,
                                relative_error);
-    uint32_t s;
+    uint32_t s = 0;
     prism_status st = slot_of(p, block_id, &s, err);
     if (!st)
         p->blocks[s].calibration[format] = relative_error;
@@ -352,15 +352,18 @@ static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, 
             want_low = s >= c->bf16_threshold  ? false
                        : s < c->int8_threshold ? true
                                                : c->ambiguous_default == PRISM_AMBIGUOUS_LOW;
-            b->assigned = true;
         } else if (is_low(v->precision)) {
             want_low = !(s >= c->bf16_threshold);
         } else {
             want_low = s < c->int8_threshold - c->hysteresis_margin;
         }
+        /* A block in cooldown keeps its precision; a fresh assignment it blocked stays due. */
         bool cooling = v->has_switch && step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
-        if (want_low != is_low(v->precision) && !cooling)
-            target = want_low ? low : PRISM_PRECISION_BF16;
+        if (!cooling) {
+            b->assigned = true;
+            if (want_low != is_low(v->precision))
+                target = want_low ? low : PRISM_PRECISION_BF16;
+        }
     }
     /* A block kept low follows a change of the low format. */
     if (is_low(target) && target != low) {
