@@ -36,7 +36,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("prismctl 0.1.0\n");
+        printf("prismctl %s\n", PRISM_VERSION);
         return 0;
     }
     for (size_t i = 0; i < NCOMMANDS; i++)

@@ -1,0 +1,906 @@
+/* prismd: the Prism policy service (DESIGN 1, 6, 7).
+ *
+ * What this program does today, and nothing more: it validates the default policy configuration
+ * for new jobs (--config, through the policy core), creates its data directory and holds an
+ * exclusive lock on it so that two prismd never share one, and serves over HTTP (libmicrohttpd)
+ * liveness (/healthz), readiness (/readyz) and that default configuration (/v1/config/defaults).
+ * Logs are logfmt lines on stderr. SIGTERM or SIGINT stops it cleanly with exit status 0.
+ *
+ * Threads: the main thread parses, starts and then waits in sigwait(); libmicrohttpd's internal
+ * thread answers requests from a server struct that is immutable once the daemon has started.
+ *
+ * Exit status: 0 after a clean stop (and for --help, --version), 1 when the data directory, its
+ * lock or the listening address cannot be had, 2 for a bad option or a bad --config. */
+#define _GNU_SOURCE
+
+#include "config.h"
+#include "prism/common.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+
+#define PRISMD_LOCK_NAME "prismd.lock"
+#define PRISMD_DATA_DIR_MODE 0750
+#define PRISMD_HTTP_TIMEOUT_S 30u
+
+/* ---------------------------------------------------------------------------------------------
+ * Logging: one logfmt line per event on stderr,
+ *   ts=2026-11-22T10:00:00.123Z level=info msg="listening" http=127.0.0.1:8080 data_dir=...
+ * Each line is assembled in a buffer and written with one call, so lines from the HTTP thread and
+ * the main thread never interleave. */
+
+typedef enum prismd_log_level {
+    PRISMD_LOG_DEBUG = 0,
+    PRISMD_LOG_INFO = 1,
+    PRISMD_LOG_WARN = 2,
+    PRISMD_LOG_ERROR = 3
+} prismd_log_level;
+
+static const char *const log_level_names[] = {"debug", "info", "warn", "error"};
+
+/* Set once by main before any thread starts; read-only afterwards. */
+static prismd_log_level log_threshold = PRISMD_LOG_INFO;
+
+typedef struct log_line {
+    char buf[4096];
+    size_t len; /* always < sizeof buf - 1: room is kept for the final newline */
+} log_line;
+
+static void log_putc(log_line *l, char c)
+{
+    if (l->len + 2 < sizeof l->buf)
+        l->buf[l->len++] = c;
+}
+
+static void log_puts(log_line *l, const char *s)
+{
+    while (*s)
+        log_putc(l, *s++);
+}
+
+static bool logfmt_needs_quotes(const char *s)
+{
+    if (!*s)
+        return true;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' || *p == 0x7f)
+            return true;
+    }
+    return false;
+}
+
+/* Writes s as a logfmt value: bare when it is one plain token, else quoted with \" \\ \n \t \r
+ * and \u00XX escapes, so that a request path or an error text can never break the line. */
+static void log_put_value(log_line *l, const char *s, bool always_quote)
+{
+    if (!always_quote && !logfmt_needs_quotes(s)) {
+        log_puts(l, s);
+        return;
+    }
+    log_putc(l, '"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': log_puts(l, "\\\""); break;
+        case '\\': log_puts(l, "\\\\"); break;
+        case '\n': log_puts(l, "\\n"); break;
+        case '\t': log_puts(l, "\\t"); break;
+        case '\r': log_puts(l, "\\r"); break;
+        default:
+            if (*p < ' ' || *p == 0x7f) {
+                char esc[8];
+                snprintf(esc, sizeof esc, "\\u%04x", (unsigned)*p);
+                log_puts(l, esc);
+            } else {
+                log_putc(l, (char)*p);
+            }
+        }
+    }
+    log_putc(l, '"');
+}
+
+/* Ends the key/value list of log_event (a typed null pointer, as va_arg reads one). */
+#define LOG_END ((const char *)NULL)
+
+/* Logs one event: msg, then key/value string pairs terminated by LOG_END. */
+static void log_event(prismd_log_level level, const char *msg, ...) __attribute__((sentinel));
+
+static void log_event(prismd_log_level level, const char *msg, ...)
+{
+    if (level < log_threshold)
+        return;
+    log_line l = {.len = 0};
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char stamp[64];
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    char millis[24];
+    snprintf(millis, sizeof millis, ".%03dZ", (int)(ts.tv_nsec / 1000000L));
+    log_puts(&l, "ts=");
+    log_puts(&l, stamp);
+    log_puts(&l, millis);
+    log_puts(&l, " level=");
+    log_puts(&l, log_level_names[level]);
+    log_puts(&l, " msg=");
+    log_put_value(&l, msg, true);
+
+    va_list ap;
+    va_start(ap, msg);
+    for (const char *key = va_arg(ap, const char *); key; key = va_arg(ap, const char *)) {
+        const char *value = va_arg(ap, const char *);
+        log_putc(&l, ' ');
+        log_puts(&l, key);
+        log_putc(&l, '=');
+        log_put_value(&l, value ? value : "", false);
+    }
+    va_end(ap);
+    l.buf[l.len++] = '\n';
+    fwrite(l.buf, 1, l.len, stderr);
+    fflush(stderr);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Options: one table (name, argument, default, help) read by the parser, the defaults and --help.
+ * A default is applied through the same setter as a command-line value, so it is written once. */
+
+typedef struct prismd_options {
+    struct sockaddr_storage http_addr;
+    socklen_t http_addr_len;
+    char http_text[INET6_ADDRSTRLEN + 16]; /* canonical "a.b.c.d:port" or "[v6]:port" */
+    const char *data_dir;
+    const char *config_path; /* NULL: the built-in policy defaults */
+    prismd_log_level log_level;
+    bool help;
+    bool version;
+} prismd_options;
+
+typedef prism_status (*prismd_option_set)(prismd_options *opts, const char *value,
+                                          prism_error *err);
+
+typedef struct prismd_option {
+    const char *name;          /* long name, without "--" */
+    char short_name;           /* 0: none */
+    const char *arg;           /* argument name for --help; NULL: a flag that takes no value */
+    const char *default_value; /* applied at start through set; NULL: none */
+    prismd_option_set set;
+    const char *help;
+} prismd_option;
+
+static bool parse_port(const char *s, uint16_t *port)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 5)
+        return false;
+    unsigned long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        v = v * 10 + (unsigned long)(s[i] - '0');
+    }
+    if (v < 1 || v > 65535)
+        return false;
+    *port = (uint16_t)v;
+    return true;
+}
+
+/* Accepts exactly "a.b.c.d:port" or "[ipv6]:port" with a numeric address (no host names: the
+ * service binds where it is told, it does not resolve). */
+static prism_status set_http_listen(prismd_options *opts, const char *value, prism_error *err)
+{
+    char host[INET6_ADDRSTRLEN + 1];
+    const char *port_text = NULL;
+    int family;
+    if (value[0] == '[') {
+        const char *close = strchr(value, ']');
+        if (!close || close[1] != ':' || (size_t)(close - value - 1) >= sizeof host)
+            goto bad;
+        memcpy(host, value + 1, (size_t)(close - value - 1));
+        host[close - value - 1] = '\0';
+        port_text = close + 2;
+        family = AF_INET6;
+    } else {
+        const char *colon = strrchr(value, ':');
+        if (!colon || (size_t)(colon - value) >= sizeof host)
+            goto bad;
+        memcpy(host, value, (size_t)(colon - value));
+        host[colon - value] = '\0';
+        port_text = colon + 1;
+        family = AF_INET;
+    }
+    uint16_t port;
+    if (!parse_port(port_text, &port))
+        goto bad;
+
+    memset(&opts->http_addr, 0, sizeof opts->http_addr);
+    char canonical[INET6_ADDRSTRLEN];
+    if (family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&opts->http_addr;
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons(port);
+        if (inet_pton(AF_INET, host, &sin->sin_addr) != 1)
+            goto bad;
+        inet_ntop(AF_INET, &sin->sin_addr, canonical, sizeof canonical);
+        opts->http_addr_len = sizeof *sin;
+        snprintf(opts->http_text, sizeof opts->http_text, "%s:%u", canonical, (unsigned)port);
+    } else {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&opts->http_addr;
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons(port);
+        if (inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1)
+            goto bad;
+        inet_ntop(AF_INET6, &sin6->sin6_addr, canonical, sizeof canonical);
+        opts->http_addr_len = sizeof *sin6;
+        snprintf(opts->http_text, sizeof opts->http_text, "[%s]:%u", canonical, (unsigned)port);
+    }
+    return PRISM_OK;
+bad:
+    return prism_error_set(err, PRISM_ERR_INVALID,
+                           "\"%.200s\" is not ADDR:PORT (ADDR an IPv4 address a.b.c.d or an IPv6 "
+                           "address in brackets such as [::1]; PORT 1-65535)",
+                           value);
+}
+
+static prism_status set_data_dir(prismd_options *opts, const char *value, prism_error *err)
+{
+    if (!*value)
+        return prism_error_set(err, PRISM_ERR_INVALID, "the directory name is empty");
+    if (strlen(value) + 1 + sizeof PRISMD_LOCK_NAME > PATH_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "\"%.200s...\" is longer than PATH_MAX",
+                               value);
+    opts->data_dir = value;
+    return PRISM_OK;
+}
+
+static prism_status set_config(prismd_options *opts, const char *value, prism_error *err)
+{
+    if (!*value)
+        return prism_error_set(err, PRISM_ERR_INVALID, "the file name is empty");
+    opts->config_path = value;
+    return PRISM_OK;
+}
+
+static prism_status set_log_level(prismd_options *opts, const char *value, prism_error *err)
+{
+    for (size_t i = 0; i < sizeof log_level_names / sizeof log_level_names[0]; i++) {
+        if (strcmp(value, log_level_names[i]) == 0) {
+            opts->log_level = (prismd_log_level)i;
+            return PRISM_OK;
+        }
+    }
+    return prism_error_set(err, PRISM_ERR_INVALID,
+                           "\"%.200s\" is not one of debug, info, warn, error", value);
+}
+
+static prism_status set_help(prismd_options *opts, const char *value, prism_error *err)
+{
+    (void)value;
+    (void)err;
+    opts->help = true;
+    return PRISM_OK;
+}
+
+static prism_status set_version(prismd_options *opts, const char *value, prism_error *err)
+{
+    (void)value;
+    (void)err;
+    opts->version = true;
+    return PRISM_OK;
+}
+
+static const prismd_option prismd_option_table[] = {
+    {"http-listen", 0, "ADDR:PORT", "127.0.0.1:8080", set_http_listen,
+     "HTTP address: IPv4 a.b.c.d:PORT, or IPv6 [ADDR]:PORT (then also IPv4 where the system "
+     "allows dual stack)"},
+    {"data-dir", 0, "DIR", "./prism-data", set_data_dir,
+     "state directory, created (mode 0750) if missing and locked through DIR/" PRISMD_LOCK_NAME
+     " so that one prismd at a time uses it"},
+    {"config", 0, "FILE", NULL, set_config,
+     "policy config JSON for new jobs (keys below; the bare object or "
+     "{\"memory\":{\"stagehand\":{\"selective_precision\":{...}}}}), validated at start; "
+     "without it the built-in defaults"},
+    {"log-level", 0, "LEVEL", "info", set_log_level,
+     "least severe log event written to stderr: debug (adds one line per HTTP request), info, "
+     "warn or error"},
+    {"help", 'h', NULL, NULL, set_help, "print this help and exit"},
+    {"version", 0, NULL, NULL, set_version, "print the version and exit"},
+};
+
+#define PRISMD_OPTION_COUNT (sizeof prismd_option_table / sizeof prismd_option_table[0])
+
+static const prismd_option *option_find_long(const char *name, size_t len)
+{
+    for (size_t i = 0; i < PRISMD_OPTION_COUNT; i++) {
+        const prismd_option *o = &prismd_option_table[i];
+        if (strlen(o->name) == len && strncmp(o->name, name, len) == 0)
+            return o;
+    }
+    return NULL;
+}
+
+static const prismd_option *option_find_short(char c)
+{
+    for (size_t i = 0; i < PRISMD_OPTION_COUNT; i++) {
+        if (prismd_option_table[i].short_name != 0 && prismd_option_table[i].short_name == c)
+            return &prismd_option_table[i];
+    }
+    return NULL;
+}
+
+static prism_status options_init(prismd_options *opts, prism_error *err)
+{
+    memset(opts, 0, sizeof *opts);
+    for (size_t i = 0; i < PRISMD_OPTION_COUNT; i++) {
+        const prismd_option *o = &prismd_option_table[i];
+        if (!o->default_value)
+            continue;
+        prism_status st = o->set(opts, o->default_value, err);
+        if (st != PRISM_OK) {
+            prism_error_prefix(err, "--%s default", o->name);
+            return st;
+        }
+    }
+    return PRISM_OK;
+}
+
+/* Parses --name VALUE, --name=VALUE and -h. On failure err holds one line that names the flag
+ * and the value at fault. A separate value may not start with '-' (so a forgotten value is not
+ * silently taken from the next flag); --name=-x passes such a value on purpose. */
+static prism_status options_parse(prismd_options *opts, int argc, char **argv, prism_error *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const prismd_option *opt = NULL;
+        const char *value = NULL;
+        size_t name_len = 0;
+        if (arg[0] == '-' && arg[1] == '-' && arg[2] != '\0') {
+            const char *name = arg + 2;
+            const char *eq = strchr(name, '=');
+            name_len = eq ? (size_t)(eq - name) : strlen(name);
+            opt = option_find_long(name, name_len);
+            if (eq)
+                value = eq + 1;
+            name_len += 2;
+        } else if (arg[0] == '-' && arg[1] != '\0' && arg[2] == '\0') {
+            opt = option_find_short(arg[1]);
+            name_len = 2;
+        } else {
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "unexpected argument \"%.200s\" (see prismd --help)", arg);
+        }
+        if (!opt)
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "unknown option \"%.*s\" (see prismd --help)",
+                                   (int)(name_len > 200 ? 200 : name_len), arg);
+        if (opt->arg && !value) {
+            if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] != '\0'))
+                return prism_error_set(err, PRISM_ERR_INVALID, "--%s: missing value %s",
+                                       opt->name, opt->arg);
+            value = argv[++i];
+        } else if (!opt->arg && value) {
+            return prism_error_set(err, PRISM_ERR_INVALID, "--%s takes no value (got \"%.200s\")",
+                                   opt->name, value);
+        }
+        prism_status st = opt->set(opts, value, err);
+        if (st != PRISM_OK) {
+            prism_error_prefix(err, "--%s", opt->name);
+            return st;
+        }
+    }
+    return PRISM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * HTTP routes: one table read by the request handler and by --help. */
+
+typedef struct prismd_server {
+    const char *data_dir;
+    char lock_path[PATH_MAX];
+    int lock_fd;
+    char *defaults_json; /* the policy config for new jobs, rendered once at start */
+    pthread_mutex_t http_error_lock;
+    char http_error[256]; /* first message libmicrohttpd logged, for the start-up error */
+} prismd_server;
+
+typedef struct prismd_reply {
+    unsigned int status;
+    char *body; /* owned: from json_dumps or strdup */
+} prismd_reply;
+
+typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
+
+typedef struct prismd_route {
+    const char *path;
+    prismd_route_fn get;
+    const char *help;
+} prismd_route;
+
+#define PRISMD_ALLOWED_METHODS "GET, HEAD"
+
+/* Takes the reference to obj. */
+static void reply_json(prismd_reply *reply, unsigned int status, json_t *obj, size_t flags)
+{
+    reply->status = status;
+    reply->body = obj ? json_dumps(obj, flags) : NULL;
+    json_decref(obj);
+}
+
+/* The error body of DESIGN 6: {"error": {"code": "...", "message": "..."}}. */
+static void reply_error(prismd_reply *reply, unsigned int status, const char *code,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void reply_error(prismd_reply *reply, unsigned int status, const char *code,
+                        const char *fmt, ...)
+{
+    char message[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    reply_json(reply, status,
+               json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message),
+               JSON_COMPACT | JSON_PRESERVE_ORDER);
+}
+
+static void route_healthz(const prismd_server *srv, prismd_reply *reply)
+{
+    (void)srv;
+    reply_json(reply, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), JSON_COMPACT);
+}
+
+/* Ready while this process still holds the lock on the data directory it was given (the lock
+ * file at its path is the one we hold) and the directory is writable. */
+static void route_readyz(const prismd_server *srv, prismd_reply *reply)
+{
+    struct stat held, at_path;
+    if (srv->lock_fd < 0 || fstat(srv->lock_fd, &held) != 0)
+        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
+                    "data dir %s: the lock is not held", srv->data_dir);
+    else if (stat(srv->lock_path, &at_path) != 0 || at_path.st_dev != held.st_dev ||
+             at_path.st_ino != held.st_ino)
+        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
+                    "data dir %s: the lock file %s was removed or replaced", srv->data_dir,
+                    srv->lock_path);
+    else if (access(srv->data_dir, W_OK) != 0)
+        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
+                    "data dir %s is not writable: %s", srv->data_dir, strerror(errno));
+    else
+        reply_json(reply, MHD_HTTP_OK,
+                   json_pack("{s:s, s:s}", "status", "ready", "data_dir", srv->data_dir),
+                   JSON_COMPACT | JSON_PRESERVE_ORDER);
+}
+
+static void route_config_defaults(const prismd_server *srv, prismd_reply *reply)
+{
+    reply->status = MHD_HTTP_OK;
+    reply->body = strdup(srv->defaults_json);
+}
+
+static const prismd_route prismd_routes[] = {
+    {"/healthz", route_healthz, "liveness: 200 {\"status\":\"ok\"}"},
+    {"/readyz", route_readyz,
+     "readiness: 200 {\"status\":\"ready\",\"data_dir\":DIR} while the data dir lock is held "
+     "and DIR is writable, else 503"},
+    {"/v1/config/defaults", route_config_defaults,
+     "the policy config that new jobs start from (--config over the built-in defaults)"},
+};
+
+#define PRISMD_ROUTE_COUNT (sizeof prismd_routes / sizeof prismd_routes[0])
+
+static void format_client(struct MHD_Connection *conn, char *out, size_t size)
+{
+    snprintf(out, size, "?");
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!info || !info->client_addr)
+        return;
+    char host[INET6_ADDRSTRLEN];
+    const struct sockaddr *sa = info->client_addr;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)(const void *)sa;
+        if (inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host))
+            snprintf(out, size, "%s:%u", host, (unsigned)ntohs(sin->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)(const void *)sa;
+        if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host))
+            snprintf(out, size, "[%s]:%u", host, (unsigned)ntohs(sin6->sin6_port));
+    }
+}
+
+/* libmicrohttpd's access handler. Every request is answered on its first call; a request body,
+ * which no route takes, is discarded. */
+static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const char *url,
+                                   const char *method, const char *version,
+                                   const char *upload_data, size_t *upload_data_size,
+                                   void **req_cls)
+{
+    (void)version;
+    (void)upload_data;
+    (void)req_cls;
+    const prismd_server *srv = cls;
+    *upload_data_size = 0;
+
+    const prismd_route *route = NULL;
+    for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
+        if (strcmp(url, prismd_routes[i].path) == 0)
+            route = &prismd_routes[i];
+    }
+    bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+                    strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    prismd_reply reply = {0, NULL};
+    if (!route)
+        reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
+                    url);
+    else if (!readable)
+        reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
+                    "%.64s is not allowed on %s (allowed: " PRISMD_ALLOWED_METHODS ")", method,
+                    route->path);
+    else
+        route->get(srv, &reply);
+
+    if (log_threshold <= PRISMD_LOG_DEBUG) {
+        char status[16], client[INET6_ADDRSTRLEN + 16];
+        snprintf(status, sizeof status, "%u", reply.status);
+        format_client(conn, client, sizeof client);
+        log_event(PRISMD_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
+                  "client", client, LOG_END);
+    }
+    if (!reply.body) {
+        log_event(PRISMD_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
+        return MHD_NO;
+    }
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(reply.body), reply.body, MHD_RESPMEM_MUST_COPY);
+    free(reply.body);
+    if (!resp)
+        return MHD_NO;
+    enum MHD_Result ok =
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (ok == MHD_YES && reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, PRISMD_ALLOWED_METHODS);
+    if (ok == MHD_YES)
+        ok = MHD_queue_response(conn, reply.status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static void http_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
+/* libmicrohttpd's error logger: each message becomes a warn event; the first one is kept for
+ * the start-up error ("Failed to bind to port ...: Address already in use"). */
+static void http_log(void *cls, const char *fmt, va_list ap)
+{
+    prismd_server *srv = cls;
+    char text[256];
+    vsnprintf(text, sizeof text, fmt, ap);
+    size_t n = strlen(text);
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r'))
+        text[--n] = '\0';
+    pthread_mutex_lock(&srv->http_error_lock);
+    if (!srv->http_error[0])
+        snprintf(srv->http_error, sizeof srv->http_error, "%s", text);
+    pthread_mutex_unlock(&srv->http_error_lock);
+    log_event(PRISMD_LOG_WARN, "microhttpd", "error", text, LOG_END);
+}
+
+/* Binds exactly the address given; dual stack only for an IPv6 address. */
+static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *opts)
+{
+    unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    uint16_t port;
+    if (opts->http_addr.ss_family == AF_INET6) {
+        flags |= MHD_USE_DUAL_STACK;
+        port = ntohs(((const struct sockaddr_in6 *)&opts->http_addr)->sin6_port);
+    } else {
+        port = ntohs(((const struct sockaddr_in *)&opts->http_addr)->sin_port);
+    }
+    /* The logger goes first so that libmicrohttpd uses it for everything that follows. */
+    return MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
+                            &http_log, srv, MHD_OPTION_SOCK_ADDR,
+                            (const struct sockaddr *)&opts->http_addr,
+                            MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_END);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The data directory and its lock. */
+
+/* mkdir -p: creates every missing component with PRISMD_DATA_DIR_MODE (less the umask) and
+ * leaves existing directories as they are. */
+static prism_status data_dir_create(const char *dir, prism_error *err)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return prism_error_set(err, PRISM_ERR_INVALID, "the path is too long");
+    for (char *p = path + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p != '/' && !end)
+            continue;
+        *p = '\0';
+        if (mkdir(path, PRISMD_DATA_DIR_MODE) != 0 && errno != EEXIST)
+            return prism_error_set(err, PRISM_ERR_IO, "cannot create %s: %s", path,
+                                   strerror(errno));
+        if (end)
+            break;
+        *p = '/';
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return prism_error_set(err, PRISM_ERR_IO, "%s", strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return prism_error_set(err, PRISM_ERR_IO, "it exists and is not a directory");
+    return PRISM_OK;
+}
+
+/* Takes DATA_DIR/prismd.lock with flock(LOCK_EX | LOCK_NB) and writes our pid into it. The lock
+ * lives as long as the descriptor; the file is never removed (removing a lock file races with
+ * the next locker). */
+static prism_status data_dir_lock(prismd_server *srv, prism_error *err)
+{
+    int fd = open(srv->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0)
+        return prism_error_set(err, PRISM_ERR_IO, "cannot open %s: %s", srv->lock_path,
+                               strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char holder[32] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return prism_error_set(err, PRISM_ERR_STATE,
+                                   "data dir %s is in use by another prismd (pid %s holds %s)",
+                                   srv->data_dir, holder[0] ? holder : "unknown", srv->lock_path);
+        return prism_error_set(err, PRISM_ERR_IO, "cannot lock %s: %s", srv->lock_path,
+                               strerror(e));
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+        int e = errno;
+        close(fd);
+        return prism_error_set(err, PRISM_ERR_IO, "cannot write %s: %s", srv->lock_path,
+                               strerror(e));
+    }
+    srv->lock_fd = fd;
+    return PRISM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * --help and main. */
+
+#define PRISMD_HELP_WIDTH 100
+#define PRISMD_HELP_COLUMN 31
+
+/* Prints "  label  text tail" with text word-wrapped to PRISMD_HELP_WIDTH, continuation lines
+ * indented to PRISMD_HELP_COLUMN; tail (may be NULL) is kept whole on one line. */
+static void print_help_entry(FILE *out, const char *label, const char *text, const char *tail)
+{
+    int used = fprintf(out, "  %-*s ", PRISMD_HELP_COLUMN - 3, label);
+    if (used > PRISMD_HELP_COLUMN) {
+        fprintf(out, "\n%*s", PRISMD_HELP_COLUMN, "");
+        used = PRISMD_HELP_COLUMN;
+    }
+    int col = used;
+    bool line_start = true;
+    while (*text) {
+        while (*text == ' ')
+            text++;
+        int word = (int)strcspn(text, " ");
+        if (word == 0)
+            break;
+        if (!line_start && col + 1 + word > PRISMD_HELP_WIDTH) {
+            fprintf(out, "\n%*s", PRISMD_HELP_COLUMN, "");
+            col = PRISMD_HELP_COLUMN;
+            line_start = true;
+        }
+        if (!line_start) {
+            fputc(' ', out);
+            col++;
+        }
+        fprintf(out, "%.*s", word, text);
+        col += word;
+        text += word;
+        line_start = false;
+    }
+    if (tail) {
+        int len = (int)strlen(tail);
+        if (!line_start && col + 1 + len > PRISMD_HELP_WIDTH)
+            fprintf(out, "\n%*s%s", PRISMD_HELP_COLUMN, "", tail);
+        else
+            fprintf(out, "%s%s", line_start ? "" : " ", tail);
+    }
+    fputc('\n', out);
+}
+
+static void print_usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: prismd [OPTION]...\n"
+            "\n"
+            "prismd, the Prism policy service. It validates the policy config for new jobs, holds\n"
+            "an exclusive lock on its data directory and serves the HTTP endpoints below. With no\n"
+            "options it listens on loopback and keeps its state in ./prism-data.\n"
+            "\n"
+            "Options (--name VALUE or --name=VALUE):\n");
+    for (size_t i = 0; i < PRISMD_OPTION_COUNT; i++) {
+        const prismd_option *o = &prismd_option_table[i];
+        char label[64];
+        if (o->short_name)
+            snprintf(label, sizeof label, "-%c, --%s%s%s", o->short_name, o->name,
+                     o->arg ? " " : "", o->arg ? o->arg : "");
+        else
+            snprintf(label, sizeof label, "    --%s%s%s", o->name, o->arg ? " " : "",
+                     o->arg ? o->arg : "");
+        char tail[128];
+        snprintf(tail, sizeof tail, "(default: %s)", o->default_value ? o->default_value : "");
+        print_help_entry(out, label, o->help, o->default_value ? tail : NULL);
+    }
+    fprintf(out, "\nHTTP endpoints (JSON; errors as {\"error\":{\"code\",\"message\"}}):\n");
+    for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
+        char label[64];
+        snprintf(label, sizeof label, "GET %s", prismd_routes[i].path);
+        print_help_entry(out, label, prismd_routes[i].help, NULL);
+    }
+    fprintf(out,
+            "\n"
+            "Logs: logfmt lines on stderr (ts, level, msg, fields).\n"
+            "Signals: SIGTERM or SIGINT stops the server, releases the lock and exits 0.\n"
+            "Exit status: 0 stopped cleanly; 1 data dir, lock or address unavailable;\n"
+            "2 bad option or bad --config.\n"
+            "\n"
+            "Policy config keys (--config):\n");
+    prism_config_print_help(out);
+}
+
+/* Pretty-prints the config with numbers as people wrote them (0.6, not 0.59999999999999998):
+ * 15 significant digits when that reads back to exactly the same values, else the 17 digits
+ * that always do. */
+static char *config_render(const json_t *obj)
+{
+    const size_t flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER;
+    char *text = json_dumps(obj, flags | JSON_REAL_PRECISION(15));
+    json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+    bool exact = back && json_equal(back, obj);
+    json_decref(back);
+    if (exact)
+        return text;
+    free(text);
+    return json_dumps(obj, flags | JSON_REAL_PRECISION(17));
+}
+
+/* Loads --config (or the built-in defaults) and renders it for /v1/config/defaults. */
+static prism_status load_policy_defaults(const prismd_options *opts, char **json_text,
+                                         prism_error *err)
+{
+    prism_config cfg;
+    prism_status st = opts->config_path ? prism_config_load_file(opts->config_path, &cfg, err)
+                                        : prism_config_init(&cfg, err);
+    if (st != PRISM_OK)
+        return st;
+    json_t *obj = prism_config_to_json(&cfg);
+    prism_config_free(&cfg);
+    *json_text = obj ? config_render(obj) : NULL;
+    json_decref(obj);
+    if (!*json_text)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "cannot render the config as JSON");
+    return PRISM_OK;
+}
+
+/* Runs the server until SIGTERM or SIGINT; returns the exit status. */
+static int prismd_serve(const prismd_options *opts, char *defaults_json)
+{
+    prismd_server srv = {.data_dir = opts->data_dir, .lock_fd = -1, .defaults_json = defaults_json};
+    pthread_mutex_init(&srv.http_error_lock, NULL);
+    snprintf(srv.lock_path, sizeof srv.lock_path, "%s/%s", opts->data_dir, PRISMD_LOCK_NAME);
+    prism_error err = {0};
+    int status = 1;
+    struct MHD_Daemon *daemon = NULL;
+
+    if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
+        log_event(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
+                  err.message, LOG_END);
+        goto out;
+    }
+    if (data_dir_lock(&srv, &err) != PRISM_OK) {
+        log_event(PRISMD_LOG_ERROR, "cannot lock data dir", "data_dir", opts->data_dir, "error",
+                  err.message, LOG_END);
+        goto out;
+    }
+    daemon = http_start(&srv, opts);
+    if (!daemon) {
+        pthread_mutex_lock(&srv.http_error_lock);
+        char reason[sizeof srv.http_error];
+        snprintf(reason, sizeof reason, "%s",
+                 srv.http_error[0] ? srv.http_error : "libmicrohttpd could not start");
+        pthread_mutex_unlock(&srv.http_error_lock);
+        log_event(PRISMD_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", reason,
+                  LOG_END);
+        goto out;
+    }
+    log_event(PRISMD_LOG_INFO, "listening", "http", opts->http_text, "data_dir", opts->data_dir,
+              LOG_END);
+
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    int sig = 0;
+    while (sigwait(&stop, &sig) != 0)
+        ;
+    log_event(PRISMD_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
+    status = 0;
+
+out:
+    if (daemon)
+        MHD_stop_daemon(daemon);
+    if (srv.lock_fd >= 0)
+        close(srv.lock_fd);
+    pthread_mutex_destroy(&srv.http_error_lock);
+    if (status == 0)
+        log_event(PRISMD_LOG_INFO, "stopped", "data_dir", opts->data_dir, LOG_END);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    prismd_options opts;
+    prism_error err = {0};
+    if (options_init(&opts, &err) != PRISM_OK || options_parse(&opts, argc, argv, &err) != PRISM_OK) {
+        fprintf(stderr, "prismd: %s\n", err.message);
+        return 2;
+    }
+    if (opts.help) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (opts.version) {
+        printf("prismd %s\n", PRISM_VERSION);
+        return 0;
+    }
+    log_threshold = opts.log_level;
+
+    /* Stop signals are blocked before any thread exists, so every thread inherits the mask and
+     * only the main thread's sigwait() receives them; a signal during start-up waits there. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char *defaults_json = NULL;
+    prism_status st = load_policy_defaults(&opts, &defaults_json, &err);
+    if (st != PRISM_OK) {
+        bool config_fault = opts.config_path && st != PRISM_ERR_NOMEM;
+        fprintf(stderr, "prismd: %s%s\n", config_fault ? "--config: " : "", err.message);
+        return config_fault ? 2 : 1;
+    }
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    log_event(PRISMD_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
+              opts.config_path ? opts.config_path : "built-in defaults", LOG_END);
+    int status = prismd_serve(&opts, defaults_json);
+    free(defaults_json);
+    return status;
+}
