@@ -376,8 +376,12 @@ prism_status prism_config_apply_json(const prism_config *base, const json_t *obj
         if ((st = set_key(&tmp, k, prefix, value, err)))
             break;
     }
-    if (!st && (st = prism_config_validate(&tmp, err)) && prefix[0])
-        prism_error_prefix(err, "%.*s", (int)strlen(prefix) - 1, prefix);
+    if (!st && (st = prism_config_validate(&tmp, err)) && prefix[0] && err) {
+        /* The message starts with the key; the prefix ends with a dot and goes right before it. */
+        char message[sizeof err->message];
+        memcpy(message, err->message, sizeof message);
+        prism_error_set(err, st, "%s%s", prefix, message);
+    }
     if (st) {
         prism_config_free(&tmp);
         return st;

@@ -41,8 +41,10 @@ prism_status prism_buf_append_double(prism_buf *b, double x)
     if (!isfinite(x))
         return append_str(b, "null");
     char text[40];
-    /* The shortest of %.15g..%.17g that reads back exactly. */
-    for (int digits = 15; digits <= 17; digits++) {
+    /* The shortest text that reads back exactly. For a normal double, %.15g already is that
+     * text whenever 15 digits or fewer suffice (%g drops trailing zeros); subnormals carry
+     * fewer digits, so their search starts at one. */
+    for (int digits = fpclassify(x) == FP_SUBNORMAL ? 1 : 15; digits <= 17; digits++) {
         snprintf(text, sizeof text, "%.*g", digits, x);
         if (strtod(text, NULL) == x)
             break;
