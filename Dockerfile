@@ -1,6 +1,6 @@
 # prismd and prismctl in a small runtime image (CPU build: the service needs no GPU).
 #   docker build -t prism .
-#   docker run -p 8080:8080 -p 50051:50051 -v prism-data:/var/lib/prism prism
+#   docker run -p 8080:8080 -v prism-data:/var/lib/prism prism
 
 # Stage 1: build with the same dependency script as a developer machine.
 FROM debian:12 AS build
@@ -10,9 +10,7 @@ COPY . /src
 WORKDIR /src
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DPRISM_CUDA=OFF -DPRISM_BENCH=OFF \
  && cmake --build /build -j"$(nproc)" --target prismd prismctl \
- && for bin in prismd prismctl; do \
-      install -D -m 0755 "$(find /build -type f -name "$bin" -perm -u+x | head -n 1)" "/out/$bin"; \
-    done
+ && install -D -m 0755 -t /out /build/service/prismd /build/service/prismctl
 
 # Stage 2: the runtime libraries only, running as an unprivileged user.
 FROM debian:12-slim
@@ -28,8 +26,8 @@ COPY --from=build /out/prismd /out/prismctl /usr/local/bin/
 USER prism
 WORKDIR /var/lib/prism
 VOLUME ["/var/lib/prism"]
-# 8080: REST, /metrics and the dashboard; 50051: gRPC for the agents.
-EXPOSE 8080 50051
+# 8080: HTTP (health, readiness, config defaults; REST and /metrics to come).
+EXPOSE 8080
 # prismd listens on 127.0.0.1 by default; in a container that address is unreachable from
 # outside, so the image listens on all interfaces and leaves access control to the network.
 ENTRYPOINT ["prismd", "--data-dir", "/var/lib/prism", "--http-listen", "0.0.0.0:8080"]
