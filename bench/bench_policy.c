@@ -111,6 +111,11 @@ static int run(size_t nblocks, int decisions)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: bench_policy [DECISIONS]\n\nTimes policy decisions, step ingest and telemetry for 48, 1,000 "
+               "and 10,000 blocks;\nDECISIONS per block count (default 300, at least 10). Results: bench/README.md.\n");
+        return 0;
+    }
     int decisions = argc > 1 ? atoi(argv[1]) : 300;
     if (decisions < 10)
         decisions = 10;
