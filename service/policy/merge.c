@@ -10,7 +10,7 @@
 
 typedef struct accumulator {
     uint32_t ranks;    /* ranks that reported the block; 0: not present in this step */
-    double l2_sum;
+    double l2_mean;    /* running mean, so huge norms do not overflow a sum */
     double max_abs;
     double n;          /* finite elements pooled so far */
     double mean;
@@ -33,24 +33,24 @@ typedef struct open_step {
     size_t npresent, cap_present;
 } open_step;
 
-#define MAX_HELD (2 * PRISM_MERGE_MAX_OPEN_STEPS)
 
 struct prism_merger {
     uint32_t world_size;
     int64_t timeout_ms;
+    size_t max_open;
+    size_t max_blocks;
     prism_idmap ids;
     uint32_t *slot_ids;     /* slot -> block id */
     uint64_t *stamp;        /* slot -> last add() call that saw it */
     size_t nslots, cap_slots;
     uint64_t calls;
-    open_step *open[MAX_HELD]; /* sorted by step ascending */
+    open_step **open;      /* sorted by step ascending; room for 2 * max_open */
     size_t nopen;
-    open_step *spare[MAX_HELD];
+    open_step **spare;     /* finished steps kept for reuse */
     size_t nspare;
     bool has_last_out;
     uint64_t last_out;
-    prism_block_stats *out;
-    size_t cap_out;
+    prism_block_stats *out; /* cap_slots entries */
     uint32_t *scratch;
     size_t cap_scratch;
     prism_merge_counters counters;
@@ -64,6 +64,16 @@ static prism_status nomem(prism_error *err)
 static size_t rank_words(uint32_t world_size)
 {
     return ((size_t)world_size + 63) / 64;
+}
+
+static void free_step(open_step *s)
+{
+    if (!s)
+        return;
+    free(s->rank_bits);
+    free(s->accs);
+    free(s->present);
+    free(s);
 }
 
 prism_merger *prism_merger_create(uint32_t world_size, int64_t step_timeout_ms, prism_error *err)
@@ -80,17 +90,34 @@ prism_merger *prism_merger_create(uint32_t world_size, int64_t step_timeout_ms, 
     m->world_size = world_size;
     m->timeout_ms = step_timeout_ms;
     prism_idmap_init(&m->ids);
+    if (prism_merger_set_limits(m, PRISM_MERGE_MAX_OPEN_STEPS, PRISM_MERGE_MAX_BLOCKS, err)) {
+        prism_merger_destroy(m);
+        return NULL;
+    }
     return m;
 }
 
-static void free_step(open_step *s)
+prism_status prism_merger_set_limits(prism_merger *m, size_t max_open_steps, size_t max_blocks, prism_error *err)
 {
-    if (!s)
-        return;
-    free(s->rank_bits);
-    free(s->accs);
-    free(s->present);
-    free(s);
+    if (max_open_steps == 0 || max_blocks == 0 || max_open_steps > SIZE_MAX / 4 / sizeof(open_step *))
+        return prism_error_set(err, PRISM_ERR_INVALID, "merge limits must be at least 1");
+    if (2 * max_open_steps < m->nopen)
+        return prism_error_set(err, PRISM_ERR_STATE, "%zu steps are open, more than the new limit allows",
+                               m->nopen);
+    open_step **no = realloc(m->open, 2 * max_open_steps * sizeof *no);
+    if (!no)
+        return nomem(err);
+    m->open = no;
+    /* Spare steps beyond the new room are freed. */
+    while (m->nspare > 2 * max_open_steps)
+        free_step(m->spare[--m->nspare]);
+    open_step **ns = realloc(m->spare, 2 * max_open_steps * sizeof *ns);
+    if (!ns)
+        return nomem(err);
+    m->spare = ns;
+    m->max_open = max_open_steps;
+    m->max_blocks = max_blocks;
+    return PRISM_OK;
 }
 
 void prism_merger_destroy(prism_merger *m)
@@ -101,6 +128,8 @@ void prism_merger_destroy(prism_merger *m)
         free_step(m->open[i]);
     for (size_t i = 0; i < m->nspare; i++)
         free_step(m->spare[i]);
+    free(m->open);
+    free(m->spare);
     prism_idmap_free(&m->ids);
     free(m->slot_ids);
     free(m->stamp);
@@ -116,6 +145,9 @@ static prism_status slot_of(prism_merger *m, uint32_t id, uint32_t *slot, prism_
         *slot = s;
         return PRISM_OK;
     }
+    if (m->nslots >= m->max_blocks)
+        return prism_error_set(err, PRISM_ERR_LIMIT, "block %u: the job already has %zu blocks, the limit", id,
+                               m->max_blocks);
     if (m->nslots == m->cap_slots) {
         size_t ncap = m->cap_slots ? m->cap_slots * 2 : 64;
         uint32_t *ni = realloc(m->slot_ids, ncap * sizeof *ni);
@@ -126,6 +158,11 @@ static prism_status slot_of(prism_merger *m, uint32_t id, uint32_t *slot, prism_
         if (!ns)
             return nomem(err);
         m->stamp = ns;
+        /* A merged step never has more blocks than there are slots: next() needs no allocation. */
+        prism_block_stats *no = realloc(m->out, ncap * sizeof *no);
+        if (!no)
+            return nomem(err);
+        m->out = no;
         m->cap_slots = ncap;
     }
     if (prism_idmap_put(&m->ids, id, (uint32_t)m->nslots))
@@ -136,20 +173,13 @@ static prism_status slot_of(prism_merger *m, uint32_t id, uint32_t *slot, prism_
     return PRISM_OK;
 }
 
-/* The open step for step id `step`, created in its sorted place when absent. */
-static prism_status open_step_for(prism_merger *m, uint64_t step, int64_t now_ms, open_step **out,
-                                  prism_error *err)
+/* Opens a step at position pos of the sorted open list. */
+static prism_status open_step_at(prism_merger *m, size_t pos, uint64_t step, int64_t now_ms, open_step **out,
+                                 prism_error *err)
 {
-    size_t pos = m->nopen;
-    while (pos > 0 && m->open[pos - 1]->step >= step)
-        pos--;
-    if (pos < m->nopen && m->open[pos]->step == step) {
-        *out = m->open[pos];
-        return PRISM_OK;
-    }
-    if (m->nopen == MAX_HELD)
-        return prism_error_set(err, PRISM_ERR_LIMIT, "step %llu: %d steps are open and none handed out",
-                               (unsigned long long)step, MAX_HELD);
+    if (m->nopen == 2 * m->max_open)
+        return prism_error_set(err, PRISM_ERR_LIMIT, "step %llu: %zu steps are open and none handed out",
+                               (unsigned long long)step, m->nopen);
     open_step *s = m->nspare ? m->spare[--m->nspare] : calloc(1, sizeof *s);
     if (!s)
         return nomem(err);
@@ -170,7 +200,7 @@ static prism_status open_step_for(prism_merger *m, uint64_t step, int64_t now_ms
     memmove(&m->open[pos + 1], &m->open[pos], (m->nopen - pos) * sizeof m->open[0]);
     m->open[pos] = s;
     m->nopen++;
-    if (m->nopen > PRISM_MERGE_MAX_OPEN_STEPS) {
+    if (m->nopen > m->max_open) {
         /* Too many steps in flight: the oldest is handed out with what it has. */
         for (size_t i = 0; i < m->nopen; i++) {
             if (!m->open[i]->forced) {
@@ -181,6 +211,15 @@ static prism_status open_step_for(prism_merger *m, uint64_t step, int64_t now_ms
     }
     *out = s;
     return PRISM_OK;
+}
+
+/* Takes an empty step back out of the open list (its report could not be added). */
+static void unopen_step(prism_merger *m, size_t pos)
+{
+    open_step *s = m->open[pos];
+    memmove(&m->open[pos], &m->open[pos + 1], (m->nopen - pos - 1) * sizeof m->open[0]);
+    m->nopen--;
+    m->spare[m->nspare++] = s;
 }
 
 static prism_status step_reserve(open_step *s, size_t nslots, size_t adds, prism_error *err)
@@ -209,13 +248,20 @@ static prism_status step_reserve(open_step *s, size_t nslots, size_t adds, prism
     return PRISM_OK;
 }
 
+static uint64_t add_saturating(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
 static void accumulate(accumulator *a, const prism_block_stats *r)
 {
     a->ranks++;
-    a->l2_sum += r->l2_norm;
+    a->l2_mean += (r->l2_norm - a->l2_mean) / a->ranks;
     a->max_abs = fmax(a->max_abs, r->max_abs);
-    a->numel += r->numel;
-    a->nonfinite += r->nonfinite;
+    a->numel = add_saturating(a->numel, r->numel);
+    a->nonfinite = add_saturating(a->nonfinite, r->nonfinite);
+    if (a->nonfinite > a->numel)
+        a->nonfinite = a->numel;
     double nb = (double)(r->numel - r->nonfinite);
     if (nb <= 0)
         return;
@@ -241,6 +287,28 @@ prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, boo
     if (rank >= m->world_size)
         return prism_error_set(err, PRISM_ERR_INVALID, "rank %u is not below world_size %u", rank,
                                m->world_size);
+    prism_status st;
+    for (size_t i = 0; i < count; i++)
+        if ((st = prism_block_stats_check(&blocks[i], err)))
+            return st;
+    if (m->has_last_out && step <= m->last_out) {
+        m->counters.dropped_late++;
+        *outcome = PRISM_MERGE_DROPPED_LATE;
+        return PRISM_OK;
+    }
+    size_t pos = m->nopen;
+    while (pos > 0 && m->open[pos - 1]->step > step)
+        pos--;
+    open_step *s = pos > 0 && m->open[pos - 1]->step == step ? m->open[pos - 1] : NULL;
+    size_t w = rank / 64;
+    uint64_t bit = 1ull << (rank % 64);
+    if (s && (s->rank_bits[w] & bit)) {
+        m->counters.dropped_duplicate++;
+        *outcome = PRISM_MERGE_DROPPED_DUPLICATE;
+        return PRISM_OK;
+    }
+    /* Slots for new ids; a repeated id or the block limit refuses the report before any step
+     * sees it (the slots made meanwhile stay, unused until those ids come back). */
     if (count > m->cap_scratch) {
         uint32_t *ns = realloc(m->scratch, count * sizeof *ns);
         if (!ns)
@@ -248,11 +316,8 @@ prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, boo
         m->scratch = ns;
         m->cap_scratch = count;
     }
-    prism_status st;
     m->calls++;
     for (size_t i = 0; i < count; i++) {
-        if ((st = prism_block_stats_check(&blocks[i], err)))
-            return st;
         if ((st = slot_of(m, blocks[i].block_id, &m->scratch[i], err)))
             return st;
         if (m->stamp[m->scratch[i]] == m->calls)
@@ -260,26 +325,17 @@ prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, boo
                                    blocks[i].block_id, (unsigned long long)step);
         m->stamp[m->scratch[i]] = m->calls;
     }
-    if (m->has_last_out && step <= m->last_out) {
-        m->counters.dropped_late++;
-        *outcome = PRISM_MERGE_DROPPED_LATE;
-        return PRISM_OK;
+    bool opened = false;
+    if (!s) {
+        if ((st = open_step_at(m, pos, step, now_ms, &s, err)))
+            return st;
+        opened = true;
     }
-    open_step *s = NULL;
-    size_t w = rank / 64;
-    uint64_t bit = 1ull << (rank % 64);
-    for (size_t i = 0; i < m->nopen; i++)
-        if (m->open[i]->step == step)
-            s = m->open[i];
-    if (s && (s->rank_bits[w] & bit)) {
-        m->counters.dropped_duplicate++;
-        *outcome = PRISM_MERGE_DROPPED_DUPLICATE;
-        return PRISM_OK;
+    if ((st = step_reserve(s, m->nslots, count, err))) {
+        if (opened)
+            unopen_step(m, pos);
+        return st;
     }
-    if (!s && (st = open_step_for(m, step, now_ms, &s, err)))
-        return st;
-    if ((st = step_reserve(s, m->nslots, count, err)))
-        return st;
     s->rank_bits[w] |= bit;
     s->ranks++;
     if (has_loss) {
@@ -315,19 +371,12 @@ bool prism_merger_next(prism_merger *m, int64_t now_ms, prism_merged_step *out)
         else
             m->counters.closed_early++;
     }
-    if (m->cap_out < s->npresent) {
-        prism_block_stats *no = realloc(m->out, s->npresent * sizeof *no);
-        if (!no)
-            return false;
-        m->out = no;
-        m->cap_out = s->npresent;
-    }
     for (size_t i = 0; i < s->npresent; i++) {
         uint32_t slot = s->present[i];
         accumulator *a = &s->accs[slot];
         m->out[i] = (prism_block_stats){
             .block_id = m->slot_ids[slot],
-            .l2_norm = a->l2_sum / a->ranks,
+            .l2_norm = a->l2_mean,
             .max_abs = a->max_abs,
             .mean = a->n > 0 ? a->mean : 0.0,
             .variance = a->n > 0 ? a->m2 / a->n : 0.0,

@@ -7,8 +7,10 @@
 
 #include "policy.h"
 
-/* At most this many steps are open at once; one more makes the oldest ready. */
+/* Default limits: at most this many steps open at once (one more makes the oldest ready), and
+ * at most this many distinct block ids (a report with a new id past it is refused). */
 #define PRISM_MERGE_MAX_OPEN_STEPS 64
+#define PRISM_MERGE_MAX_BLOCKS 1000000
 
 typedef enum prism_merge_outcome {
     PRISM_MERGE_ACCEPTED = 0,
@@ -38,9 +40,14 @@ typedef struct prism_merger prism_merger;
 prism_merger *prism_merger_create(uint32_t world_size, int64_t step_timeout_ms, prism_error *err);
 void prism_merger_destroy(prism_merger *m);
 
+/* Changes the limits above; max_open_steps >= 1 (an offline replay, whose ranks may come one
+ * after another, allows many). Returns PRISM_ERR_INVALID for a zero limit. */
+prism_status prism_merger_set_limits(prism_merger *m, size_t max_open_steps, size_t max_blocks, prism_error *err);
+
 /* Adds one rank's report. A malformed report (rank >= world_size, duplicate block ids, bad
- * figures) is an error and changes nothing; a late or repeated one is dropped, counted and
- * reported in *outcome. */
+ * figures) is an error; a report with a block id beyond max_blocks is PRISM_ERR_LIMIT; a
+ * late or repeated one is dropped, counted and reported in *outcome. None of these changes a
+ * step. Sums saturate: numel and nonfinite never wrap. */
 prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, bool has_loss, double loss,
                               const prism_block_stats *blocks, size_t count, int64_t now_ms,
                               prism_merge_outcome *outcome, prism_error *err);

@@ -373,6 +373,79 @@ static void test_too_many_open_steps_make_the_oldest_ready(void)
     prism_merger_destroy(m);
 }
 
+/* Element counts from many ranks saturate instead of wrapping, and nonfinite stays <= numel. */
+static void test_counts_saturate_instead_of_wrapping(void)
+{
+    prism_merger *m = make_merger(3, 1000);
+    prism_block_stats a = bs(0, 1.0, 1.0, 0.0, 0.0, UINT64_MAX - 1, 0);
+    prism_block_stats b = bs(0, 1.0, 1.0, 0.0, 0.0, UINT64_MAX - 1, UINT64_MAX - 1);
+    prism_block_stats c = bs(0, 1.0, 1.0, 0.0, 0.0, 2, 1);
+    add(m, 0, 1, &a, 1, 0);
+    add(m, 1, 1, &b, 1, 0);
+    add(m, 2, 1, &c, 1, 0);
+    prism_merged_step out;
+    CU_ASSERT_FATAL(prism_merger_next(m, 0, &out));
+    CU_ASSERT_EQUAL(out.blocks[0].numel, UINT64_MAX);
+    CU_ASSERT_EQUAL(out.blocks[0].nonfinite, UINT64_MAX);
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_block_stats_check(&out.blocks[0], &err), PRISM_OK);
+    prism_merger_destroy(m);
+}
+
+/* The mean norm over ranks of two huge norms is the norm, not Inf. */
+static void test_l2_mean_over_ranks_does_not_overflow(void)
+{
+    prism_merger *m = make_merger(2, 1000);
+    prism_block_stats a = bs(0, 1e308, 1.0, 0.0, 0.0, 4, 0);
+    add(m, 0, 1, &a, 1, 0);
+    add(m, 1, 1, &a, 1, 0);
+    prism_merged_step out;
+    CU_ASSERT_FATAL(prism_merger_next(m, 0, &out));
+    CU_ASSERT_EQUAL(out.blocks[0].l2_norm, 1e308);
+    prism_merger_destroy(m);
+}
+
+/* Past max_blocks distinct ids a report is refused whole: no step opens, nothing is counted. */
+static void test_block_limit_refuses_a_report_with_a_new_id(void)
+{
+    prism_merger *m = make_merger(1, 1000);
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_merger_set_limits(m, 4, 2, &err), PRISM_OK);
+    prism_block_stats two[2] = {bs(0, 1, 1, 0, 0, 1, 0), bs(1, 1, 1, 0, 0, 1, 0)};
+    prism_block_stats three[3] = {bs(0, 1, 1, 0, 0, 1, 0), bs(1, 1, 1, 0, 0, 1, 0), bs(2, 1, 1, 0, 0, 1, 0)};
+    prism_merge_outcome outcome;
+    CU_ASSERT_EQUAL(prism_merger_add(m, 0, 1, false, 0, three, 3, 0, &outcome, &err), PRISM_ERR_LIMIT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 2"));
+    CU_ASSERT_EQUAL(prism_merger_open_steps(m), 0);
+    CU_ASSERT_EQUAL(prism_merger_counters(m)->accepted, 0);
+    CU_ASSERT_EQUAL(add(m, 0, 1, two, 2, 0), PRISM_MERGE_ACCEPTED);
+    prism_merged_step out;
+    CU_ASSERT_FATAL(prism_merger_next(m, 0, &out));
+    CU_ASSERT_EQUAL(out.count, 2);
+    CU_ASSERT_EQUAL(prism_merger_set_limits(m, 0, 2, &err), PRISM_ERR_INVALID);
+    prism_merger_destroy(m);
+}
+
+/* With room for many open steps, rank 0's whole run then rank 1's merges every step fully. */
+static void test_raised_open_step_limit_merges_ranks_sent_one_after_another(void)
+{
+    prism_merger *m = make_merger(2, 1000);
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_merger_set_limits(m, 200, 10, &err), PRISM_OK);
+    for (uint32_t rank = 0; rank < 2; rank++)
+        for (uint64_t step = 1; step <= 100; step++)
+            CU_ASSERT_EQUAL(add_one(m, rank, step, 0), PRISM_MERGE_ACCEPTED);
+    prism_merged_step out;
+    for (uint64_t step = 1; step <= 100; step++) {
+        CU_ASSERT_FATAL(prism_merger_next(m, 0, &out));
+        CU_ASSERT_EQUAL(out.step, step);
+        CU_ASSERT_EQUAL(out.ranks, 2);
+    }
+    CU_ASSERT_FALSE(prism_merger_next(m, 0, &out));
+    CU_ASSERT_EQUAL(prism_merger_counters(m)->closed_early, 0);
+    prism_merger_destroy(m);
+}
+
 static const prism_test_case cases[] = {
     {"test_create_rejects_zero_world_size_or_timeout", test_create_rejects_zero_world_size_or_timeout},
     {"test_two_ranks_merge_with_chan_pooling", test_two_ranks_merge_with_chan_pooling},
@@ -391,6 +464,10 @@ static const prism_test_case cases[] = {
     {"test_malformed_reports_are_rejected_and_change_nothing",
      test_malformed_reports_are_rejected_and_change_nothing},
     {"test_too_many_open_steps_make_the_oldest_ready", test_too_many_open_steps_make_the_oldest_ready},
+    {"test_counts_saturate_instead_of_wrapping", test_counts_saturate_instead_of_wrapping},
+    {"test_l2_mean_over_ranks_does_not_overflow", test_l2_mean_over_ranks_does_not_overflow},
+    {"test_block_limit_refuses_a_report_with_a_new_id", test_block_limit_refuses_a_report_with_a_new_id},
+    {"test_raised_open_step_limit_merges_ranks_sent_one_after_another", test_raised_open_step_limit_merges_ranks_sent_one_after_another},
     {NULL, NULL},
 };
 
