@@ -200,6 +200,23 @@ static prism_status parse_blocks(const prism_config_key *k, const char *prefix, 
     return PRISM_OK;
 }
 
+/* Every enum field of prism_config is written through an int (choices). */
+_Static_assert(sizeof(prism_mode) == sizeof(int) && sizeof(prism_ambiguous) == sizeof(int) &&
+                   sizeof(prism_precision) == sizeof(int),
+               "config choice fields must be int-sized");
+
+static bool in_range(const prism_config_key *k, double x)
+{
+    bool low = k->min_exclusive ? x <= k->min : x < k->min;
+    return isfinite(x) && !low && x <= k->max;
+}
+
+/* telemetry_file names a file inside the job's directory: no path, no way out of it. */
+static bool plain_file_name(const char *s)
+{
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
 static prism_status set_key(prism_config *cfg, const prism_config_key *k, const char *prefix,
                             const json_t *v, prism_error *err)
 {
@@ -217,7 +234,7 @@ static prism_status set_key(prism_config *cfg, const prism_config_key *k, const 
             return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected an integer, got %s", prefix,
                                    k->name, json_type_name(v));
         json_int_t x = json_integer_value(v);
-        if ((double)x < k->min || (double)x > k->max) {
+        if (!in_range(k, (double)x)) {
             format_range(k, range, sizeof range);
             return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %lld is outside %s", prefix, k->name,
                                    (long long)x, range);
@@ -230,8 +247,7 @@ static prism_status set_key(prism_config *cfg, const prism_config_key *k, const 
             return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected a number, got %s", prefix,
                                    k->name, json_type_name(v));
         double x = json_number_value(v);
-        bool low = k->min_exclusive ? x <= k->min : x < k->min;
-        if (!isfinite(x) || low || x > k->max) {
+        if (!in_range(k, x)) {
             format_range(k, range, sizeof range);
             return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %g is outside %s", prefix, k->name, x,
                                    range);
@@ -265,9 +281,9 @@ static prism_status set_key(prism_config *cfg, const prism_config_key *k, const 
             return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected a string, got %s", prefix,
                                    k->name, json_type_name(v));
         const char *s = json_string_value(v);
-        if (s[0] == '\0' || strlen(s) != json_string_length(v))
-            return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: must be a non-empty string without NUL",
-                                   prefix, k->name);
+        if (strlen(s) != json_string_length(v) || !plain_file_name(s))
+            return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: \"%s\" must be a plain file name (no '/')",
+                                   prefix, k->name, s);
         char *copy = strdup(s);
         if (!copy)
             return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
@@ -298,6 +314,35 @@ bool prism_block_list_contains(const prism_block_list *list, uint32_t id)
 
 prism_status prism_config_validate(const prism_config *cfg, prism_error *err)
 {
+    /* Ranges again, for configs built in code rather than parsed. */
+    for (size_t i = 0; i < NKEYS; i++) {
+        const prism_config_key *k = &keys[i];
+        const char *field = (const char *)cfg + k->offset;
+        double x;
+        if (k->type == PRISM_CFG_CHOICE) {
+            int value;
+            memcpy(&value, field, sizeof value);
+            const prism_config_choice *c = k->choices;
+            while (c->name && c->value != value)
+                c++;
+            if (!c->name)
+                return prism_error_set(err, PRISM_ERR_INVALID, "%s: %d is not a valid choice", k->name, value);
+            continue;
+        }
+        if (k->type == PRISM_CFG_INT)
+            x = (double)*(const int64_t *)field;
+        else if (k->type == PRISM_CFG_DOUBLE)
+            x = *(const double *)field;
+        else
+            continue;
+        if (!in_range(k, x)) {
+            char range[64];
+            format_range(k, range, sizeof range);
+            return prism_error_set(err, PRISM_ERR_INVALID, "%s: %g is outside %s", k->name, x, range);
+        }
+    }
+    if (!cfg->telemetry_file || !plain_file_name(cfg->telemetry_file))
+        return prism_error_set(err, PRISM_ERR_INVALID, "telemetry_file: must be a plain file name (no '/')");
     if (cfg->int8_threshold >= cfg->bf16_threshold)
         return prism_error_set(err, PRISM_ERR_INVALID,
                                "int8_threshold: must be less than bf16_threshold (%g >= %g)",

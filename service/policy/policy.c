@@ -357,13 +357,13 @@ static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, 
         } else {
             want_low = s < c->int8_threshold - c->hysteresis_margin;
         }
-        /* A block in cooldown keeps its precision; a fresh assignment it blocked stays due. */
-        bool cooling = v->has_switch && step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
-        if (!cooling) {
-            b->assigned = true;
-            if (want_low != is_low(v->precision))
-                target = want_low ? low : PRISM_PRECISION_BF16;
-        }
+        /* A block in cooldown keeps its precision, except at its fresh assignment (DESIGN 4.2:
+         * no cooldown applies there, even after an override or non-finite switch). */
+        bool cooling = b->assigned && v->has_switch &&
+                       step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
+        b->assigned = true;
+        if (!cooling && want_low != is_low(v->precision))
+            target = want_low ? low : PRISM_PRECISION_BF16;
     }
     /* A block kept low follows a change of the low format. */
     if (is_low(target) && target != low) {
@@ -435,6 +435,24 @@ static void summarize(prism_policy *p, uint64_t step, prism_summary *s)
     s->bandwidth_saving_pct = total > 0 ? round(saved / total * 100.0 * 10.0) / 10.0 : 0.0;
 }
 
+/* The mean of the finite norms of a step whose plain sum overflowed: divided by the largest
+ * first, so the result is finite whenever every norm is. */
+static double scaled_mean_l2(const prism_block_stats *blocks, size_t count)
+{
+    double largest = 0, sum = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+        if (prism_block_stats_finite(&blocks[i]) && blocks[i].l2_norm > largest)
+            largest = blocks[i].l2_norm;
+    for (size_t i = 0; i < count; i++) {
+        if (prism_block_stats_finite(&blocks[i])) {
+            sum += blocks[i].l2_norm / largest;
+            n++;
+        }
+    }
+    return largest * (sum / (double)n);
+}
+
 static bool is_decision_step(const prism_config *c, uint64_t n)
 {
     uint64_t w = c->warmup_steps > 1 ? (uint64_t)c->warmup_steps : 1;
@@ -477,6 +495,8 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_b
         }
     }
     double mean_l2 = finite ? l2_sum / (double)finite : 0.0;
+    if (isinf(mean_l2))
+        mean_l2 = scaled_mean_l2(blocks, count);
 
     p->nchanges = 0;
     for (size_t i = 0; i < count; i++) {

@@ -592,6 +592,25 @@ static void test_copy_is_deep(void)
     prism_config_free(&b);
 }
 
+/* telemetry_file is a file name inside the job's directory, never a path. */
+static void test_telemetry_file_must_be_a_plain_file_name(void)
+{
+    static const char *const bad[] = {"{\"telemetry_file\": \"../../etc/x\"}", "{\"telemetry_file\": \"/tmp/t.jsonl\"}",
+                                      "{\"telemetry_file\": \"..\"}", "{\"telemetry_file\": \"\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        prism_config cfg;
+        prism_error err;
+        CU_ASSERT_EQUAL(prism_config_load_buffer(bad[i], strlen(bad[i]), "cfg.json", &cfg, &err), PRISM_ERR_INVALID);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "cfg.json: telemetry_file: "));
+    }
+    prism_config cfg;
+    prism_error err;
+    const char *good = "{\"telemetry_file\": \"job-7.jsonl\"}";
+    CU_ASSERT_EQUAL_FATAL(prism_config_load_buffer(good, strlen(good), "cfg.json", &cfg, &err), PRISM_OK);
+    CU_ASSERT_STRING_EQUAL(cfg.telemetry_file, "job-7.jsonl");
+    prism_config_free(&cfg);
+}
+
 static const prism_test_case cases[] = {
     {"test_defaults_equal_design_4_1", test_defaults_equal_design_4_1},
     {"test_key_table_lists_design_keys_in_order", test_key_table_lists_design_keys_in_order},
@@ -616,6 +635,7 @@ static const prism_test_case cases[] = {
     {"test_to_json_round_trips", test_to_json_round_trips},
     {"test_load_file_reads_a_file_and_names_it_in_errors", test_load_file_reads_a_file_and_names_it_in_errors},
     {"test_copy_is_deep", test_copy_is_deep},
+    {"test_telemetry_file_must_be_a_plain_file_name", test_telemetry_file_must_be_a_plain_file_name},
     {NULL, NULL},
 };
 

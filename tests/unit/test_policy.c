@@ -507,7 +507,9 @@ static void test_cooldown_blocks_a_change_back_by_score(void)
     prism_policy_destroy(p);
 }
 
-static void test_fresh_assignment_after_removed_override_respects_cooldown(void)
+/* DESIGN 4.2: no cooldown applies to a fresh assignment, even when an override switched the
+ * block a few steps before; cooldown counts again from the fresh assignment's change. */
+static void test_fresh_assignment_after_removed_override_ignores_cooldown(void)
 {
     prism_policy *p = make_policy(EXACT, "{\"min_steps_between_switches\": 10, \"force_int8_blocks\": [0]}");
     prism_step_result r;
@@ -515,15 +517,20 @@ static void test_fresh_assignment_after_removed_override_respects_cooldown(void)
     CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
     CU_ASSERT_EQUAL(block(p, 0)->last_switch_step, 100);
     set_config(p, EXACT, "{\"min_steps_between_switches\": 10}");
-    /* Never assigned by score: a fresh assignment, but the block has a switch at 100. */
+    /* Never placed by its score: 0.375 is ambiguous, so ambiguous_default bf16, at once
+     * (105 - 100 < 10, but no cooldown applies to a fresh assignment). */
     feed_pair(p, 105, 0.375, &r);
-    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
-    CU_ASSERT_PTR_NULL(find_change(&r, 0));
-    CU_ASSERT_FALSE(block(p, 0)->forced);
-    /* 110 - 100 = 10: fresh assignment of 0.375 is ambiguous_default bf16 (hysteresis would keep int8). */
-    feed_pair(p, 110, 0.375, &r);
     CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_BF16);
-    assert_change(&r, 0, PRISM_PRECISION_INT8, PRISM_PRECISION_BF16, 110, PRISM_REASON_SCORE);
+    CU_ASSERT_FALSE(block(p, 0)->forced);
+    assert_change(&r, 0, PRISM_PRECISION_INT8, PRISM_PRECISION_BF16, 105, PRISM_REASON_SCORE);
+    /* Now assigned: a score of 0 wants int8, but 108 - 105 < 10 keeps bf16 ... */
+    feed_pair(p, 108, 0.0, &r);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_BF16);
+    CU_ASSERT_PTR_NULL(find_change(&r, 0));
+    /* ... until 115 - 105 = 10. */
+    feed_pair(p, 115, 0.0, &r);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
+    assert_change(&r, 0, PRISM_PRECISION_BF16, PRISM_PRECISION_INT8, 115, PRISM_REASON_SCORE);
     prism_policy_destroy(p);
 }
 
@@ -1268,6 +1275,48 @@ static void test_bandwidth_saving_weighted_by_bf16_bytes_when_every_block_has_th
     }
 }
 
+/* Norms near the largest double: their sum overflows, their mean does not. Two equal blocks
+ * have rel 1, grad_score 1 / 2.0 = 0.5 each (and stay bf16), not rel 0. */
+static void test_huge_norms_do_not_overflow_the_step_mean(void)
+{
+    prism_policy *p = make_policy("{\"warmup_steps\": 1}", NULL);
+    prism_block_stats b[2] = {{0, 1e308, 1, 0, 0, 4, 0}, {1, 1e308, 1, 0, 0, 4, 0}};
+    prism_step_result r;
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 1, b, 2, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(block(p, 0)->relative_magnitude, 1.0);
+    CU_ASSERT_EQUAL(block(p, 1)->sensitivity, 0.5);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_BF16);
+    prism_policy_destroy(p);
+}
+
+/* A config built in code with a value out of range is refused like a parsed one. */
+static void test_create_and_set_config_check_ranges_of_configs_built_in_code(void)
+{
+    prism_config cfg = make_config(NULL, NULL);
+    prism_error err;
+    cfg.update_interval_steps = 0;
+    CU_ASSERT_PTR_NULL(prism_policy_create(&cfg, &err));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "update_interval_steps"));
+    cfg.update_interval_steps = 10;
+    cfg.bf16_threshold = NAN;
+    CU_ASSERT_PTR_NULL(prism_policy_create(&cfg, &err));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "bf16_threshold"));
+    cfg.bf16_threshold = 0.6;
+    prism_policy *p = prism_policy_create(&cfg, &err);
+    CU_ASSERT_FATAL(p != NULL);
+    cfg.history_window = 0;
+    CU_ASSERT_EQUAL(prism_policy_set_config(p, &cfg, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "history_window"));
+    cfg.history_window = 5;
+    cfg.mode = (prism_mode)7;
+    CU_ASSERT_EQUAL(prism_policy_set_config(p, &cfg, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "mode"));
+    cfg.mode = PRISM_MODE_DYNAMIC;
+    prism_policy_destroy(p);
+    prism_config_free(&cfg);
+}
+
 static const prism_test_case cases[] = {
     {"test_block_stats_check_rejects_negative_figures_and_excess_nonfinite",
      test_block_stats_check_rejects_negative_figures_and_excess_nonfinite},
@@ -1292,8 +1341,8 @@ static const prism_test_case cases[] = {
     {"test_hysteresis_keeps_int8_in_ambiguous_zone", test_hysteresis_keeps_int8_in_ambiguous_zone},
     {"test_cooldown_counts_step_ids_not_collected_steps", test_cooldown_counts_step_ids_not_collected_steps},
     {"test_cooldown_blocks_a_change_back_by_score", test_cooldown_blocks_a_change_back_by_score},
-    {"test_fresh_assignment_after_removed_override_respects_cooldown",
-     test_fresh_assignment_after_removed_override_respects_cooldown},
+    {"test_fresh_assignment_after_removed_override_ignores_cooldown",
+     test_fresh_assignment_after_removed_override_ignores_cooldown},
     {"test_window_drops_values_older_than_history_window", test_window_drops_values_older_than_history_window},
     {"test_window_mean_at_first_decision_covers_last_history_window_steps",
      test_window_mean_at_first_decision_covers_last_history_window_steps},
@@ -1342,6 +1391,8 @@ static const prism_test_case cases[] = {
     {"test_bandwidth_saving_per_low_format", test_bandwidth_saving_per_low_format},
     {"test_bandwidth_saving_weighted_by_bf16_bytes_when_every_block_has_them",
      test_bandwidth_saving_weighted_by_bf16_bytes_when_every_block_has_them},
+    {"test_huge_norms_do_not_overflow_the_step_mean", test_huge_norms_do_not_overflow_the_step_mean},
+    {"test_create_and_set_config_check_ranges_of_configs_built_in_code", test_create_and_set_config_check_ranges_of_configs_built_in_code},
     {NULL, NULL},
 };
 
