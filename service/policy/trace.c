@@ -220,7 +220,7 @@ static prism_status parse_calibration(const json_t *root, prism_trace_record *r,
     json_object_foreach((json_t *)errors, key, value) {
         char *end = NULL;
         unsigned long long id = strtoull(key, &end, 10);
-        if (!key[0] || *end || key[0] == '-' || key[0] == '+' || id > UINT32_MAX)
+        if (key[0] < '0' || key[0] > '9' || *end || id > UINT32_MAX)
             return prism_error_set(err, PRISM_ERR_INVALID, "calibration.errors.%s: key is not a block id", key);
         if (!json_is_number(value) || json_number_value(value) < 0 || !isfinite(json_number_value(value)))
             return prism_error_set(err, PRISM_ERR_INVALID, "calibration.errors.%s: expected a number >= 0", key);

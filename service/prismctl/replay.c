@@ -1,16 +1,19 @@
 /* `prismctl replay`: runs the policy core over a recorded trace, exactly as prismd would over
- * the same reports, and prints one telemetry record (DESIGN 4.4) per decision. The whole
- * trace is checked before anything is printed, so a bad line leaves stdout empty. */
+ * the same reports, and prints one telemetry record (DESIGN 4.4) per decision. Records are
+ * held in a temporary file until the whole trace has replayed, so a bad line leaves stdout
+ * empty. */
 #define _POSIX_C_SOURCE 200809L
 #include "prismctl.h"
 
 #include "config.h"
+#include "idmap.h"
 #include "merge.h"
 #include "policy.h"
 #include "telemetry.h"
 #include "trace.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +105,7 @@ static int parse_args(int argc, char **argv, replay_options *o)
                 }
             } else {
                 o->timestamp = strtod(value, &end);
-                if (errno || !*value || *end || o->timestamp < 0) {
+                if (errno || !*value || *end || !isfinite(o->timestamp) || o->timestamp < 0) {
                     fprintf(stderr, "prismctl replay: --timestamp: \"%s\" is not a Unix time in seconds\n", value);
                     return 2;
                 }
@@ -178,16 +181,17 @@ static int compare_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The distinct ranks of a trace: a set for pass 1, then sorted to number them densely. */
 typedef struct rank_set {
+    prism_idmap seen;
     uint32_t *ranks;
     size_t count, cap;
 } rank_set;
 
 static bool rank_set_add(rank_set *s, uint32_t rank)
 {
-    for (size_t i = 0; i < s->count; i++) /* few ranks per trace; kept small */
-        if (s->ranks[i] == rank)
-            return true;
+    if (prism_idmap_get(&s->seen, rank) != PRISM_IDMAP_NONE)
+        return true;
     if (s->count == s->cap) {
         size_t ncap = s->cap ? s->cap * 2 : 16;
         uint32_t *n = realloc(s->ranks, ncap * sizeof *n);
@@ -197,7 +201,7 @@ static bool rank_set_add(rank_set *s, uint32_t rank)
         s->cap = ncap;
     }
     s->ranks[s->count++] = rank;
-    return true;
+    return prism_idmap_put(&s->seen, rank, 0) == PRISM_OK;
 }
 
 static uint32_t rank_index(const rank_set *s, uint32_t rank)
@@ -217,6 +221,7 @@ typedef struct replay_state {
     prism_policy *policy;
     prism_merger *merger;
     prism_buf out;
+    FILE *records; /* held back until the whole trace replayed without error */
     const replay_options *opt;
     uint64_t steps, decisions;
 } replay_state;
@@ -238,8 +243,8 @@ static prism_status drain(replay_state *r, prism_error *err)
         double ts = r->opt->fixed_time ? r->opt->timestamp : now_seconds();
         if ((st = prism_telemetry_append(&r->out, r->policy, &res.summary, ts)))
             return prism_error_set(err, st, "out of memory");
-        if (fwrite(r->out.data, 1, r->out.len, stdout) != r->out.len)
-            return prism_error_set(err, PRISM_ERR_IO, "stdout: %s", strerror(errno));
+        if (fwrite(r->out.data, 1, r->out.len, r->records) != r->out.len)
+            return prism_error_set(err, PRISM_ERR_IO, "temporary file: %s", strerror(errno));
     }
     return PRISM_OK;
 }
@@ -273,7 +278,8 @@ int prismctl_replay(int argc, char **argv)
     prism_trace_record rec;
     prism_trace_record_init(&rec);
     rank_set ranks = {0};
-    size_t pos = 0, line_no = 0, line_len;
+    prism_idmap_init(&ranks.seen);
+    size_t pos = 0, line_no = 0, line_len, step_lines = 0;
     const char *line;
     rc = 0;
     while (rc == 0 && next_line(text, len, &pos, &line, &line_len)) {
@@ -282,6 +288,7 @@ int prismctl_replay(int argc, char **argv)
             fprintf(stderr, "prismctl replay: %s:%zu: %s\n", name, line_no, err.message);
             rc = st == PRISM_ERR_INVALID ? 2 : 1;
         } else if (rec.kind == PRISM_TRACE_STEP) {
+            step_lines++;
             if (world && rec.rank >= world) {
                 fprintf(stderr, "prismctl replay: %s:%zu: rank: %u is not below the world size %lld\n", name,
                         line_no, rec.rank, world);
@@ -302,7 +309,18 @@ int prismctl_replay(int argc, char **argv)
     if (rc == 0) {
         r.policy = prism_policy_create(&cfg, &err);
         r.merger = r.policy ? prism_merger_create((uint32_t)world, cfg.step_timeout_ms, &err) : NULL;
-        if (!r.merger) {
+        /* Offline, a trace may hold one rank's steps after another's: keep every step open
+         * until all its ranks are in, and no block limit. */
+        if (r.merger && prism_merger_set_limits(r.merger, step_lines > PRISM_MERGE_MAX_OPEN_STEPS ? step_lines
+                                                                      : PRISM_MERGE_MAX_OPEN_STEPS,
+                                                UINT32_MAX, &err)) {
+            prism_merger_destroy(r.merger);
+            r.merger = NULL;
+        }
+        r.records = r.merger ? tmpfile() : NULL;
+        if (r.merger && !r.records)
+            prism_error_set(&err, PRISM_ERR_IO, "cannot create a temporary file: %s", strerror(errno));
+        if (!r.records) {
             fprintf(stderr, "prismctl replay: %s\n", err.message);
             rc = 1;
         }
@@ -337,6 +355,18 @@ int prismctl_replay(int argc, char **argv)
             rc = st == PRISM_ERR_INVALID ? 2 : 1;
         }
     }
+    if (rc == 0 && (fflush(r.records) != 0 || fseek(r.records, 0, SEEK_SET) != 0)) {
+        fprintf(stderr, "prismctl replay: temporary file: %s\n", strerror(errno));
+        rc = 1;
+    }
+    char chunk[65536];
+    size_t got;
+    while (rc == 0 && (got = fread(chunk, 1, sizeof chunk, r.records)) > 0) {
+        if (fwrite(chunk, 1, got, stdout) != got) {
+            fprintf(stderr, "prismctl replay: stdout: %s\n", strerror(errno));
+            rc = 1;
+        }
+    }
     if (rc == 0 && fflush(stdout) != 0) {
         fprintf(stderr, "prismctl replay: stdout: %s\n", strerror(errno));
         rc = 1;
@@ -345,16 +375,19 @@ int prismctl_replay(int argc, char **argv)
         const prism_merge_counters *c = prism_merger_counters(r.merger);
         fprintf(stderr,
                 "prismctl replay: %llu steps, %llu decisions, map_version %llu, world_size %lld, "
-                "reports dropped: %llu late, %llu repeated\n",
+                "reports dropped: %llu late, %llu repeated; steps completed with ranks missing: %llu\n",
                 (unsigned long long)r.steps, (unsigned long long)r.decisions,
                 (unsigned long long)prism_policy_map_version(r.policy), world, (unsigned long long)c->dropped_late,
-                (unsigned long long)c->dropped_duplicate);
+                (unsigned long long)c->dropped_duplicate, (unsigned long long)(c->closed_early + c->timed_out));
     }
+    if (r.records)
+        fclose(r.records);
     prism_buf_free(&r.out);
     prism_merger_destroy(r.merger);
     prism_policy_destroy(r.policy);
     prism_trace_record_free(&rec);
     free(ranks.ranks);
+    prism_idmap_free(&ranks.seen);
     free(text);
     prism_config_free(&cfg);
     return rc;

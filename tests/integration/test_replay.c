@@ -201,6 +201,25 @@ static void test_replay_completes_open_steps_in_order_at_the_end(void)
 }
 
 /* A report for a step that has already completed is dropped and counted. */
+/* A trace holding rank 0's whole run, then rank 1's: every step still merges both ranks. */
+static void test_replay_merges_ranks_sent_one_after_another(void)
+{
+    static char trace[65536];
+    trace[0] = '\0';
+    for (unsigned rank = 0; rank < 2; rank++)
+        for (unsigned s = 1; s <= 100; s++)
+            add_step(trace, sizeof trace, s, rank, rank ? 4 : 2, 1);
+    prism_proc_result r = replay(small_config, trace, NULL, NULL);
+    CU_ASSERT_EQUAL(r.exit_code, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "100 steps, 50 decisions"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "reports dropped: 0 late, 0 repeated; steps completed with ranks missing: 0"));
+    json_t *lines[64];
+    CU_ASSERT_EQUAL_FATAL(parse_lines(r.out, lines, 64), 50);
+    CU_ASSERT_EQUAL(num(block(lines[49], "0"), "relative_magnitude"), 1.5);
+    free_lines(lines, 50);
+    prism_proc_result_free(&r);
+}
+
 static void test_replay_drops_reports_for_completed_steps(void)
 {
     char trace[8192] = "";
@@ -323,6 +342,8 @@ static const bad_input_case bad_inputs[] = {
     {NULL, "{\"calibration\": {\"format\": \"bf16\", \"errors\": {}}}\n", "trace.jsonl:1: calibration.format"},
     {NULL, "{\"calibration\": {\"format\": \"int8\", \"errors\": {\"x\": 0.1}}}\n",
      "trace.jsonl:1: calibration.errors.x: key is not a block id"},
+    {NULL, "{\"calibration\": {\"format\": \"int8\", \"errors\": {\" 7\": 0.1}}}\n",
+     "trace.jsonl:1: calibration.errors. 7: key is not a block id"},
     {NULL, "{\"calibration\": {\"format\": \"int8\", \"errors\": {\"2\": -0.1}}}\n",
      "trace.jsonl:1: calibration.errors.2: expected a number >= 0"},
     {"{\"bf16_treshold\": 0.5}", "", "cfg.json: bf16_treshold: unknown key (did you mean bf16_threshold?)"},
@@ -402,6 +423,7 @@ static void test_replay_usage_errors_exit_2(void)
     char *no_trace[] = {bin, "replay", NULL};
     char *bad_option[] = {bin, "replay", "--wrold-size", "2", "x.jsonl", NULL};
     char *bad_world[] = {bin, "replay", "--world-size", "0", "x.jsonl", NULL};
+    char *bad_time[] = {bin, "replay", "--timestamp=nan", "x.jsonl", NULL};
     char *missing_file[] = {bin, "replay", "/nonexistent/trace.jsonl", NULL};
     char *bad_command[] = {bin, "replya", NULL};
     struct {
@@ -411,6 +433,7 @@ static void test_replay_usage_errors_exit_2(void)
     } cases[] = {{no_trace, 2, "no trace file given"},
                  {bad_option, 2, "unknown option --wrold-size"},
                  {bad_world, 2, "--world-size: \"0\""},
+                 {bad_time, 2, "--timestamp: \"nan\""},
                  {missing_file, 1, "/nonexistent/trace.jsonl: cannot read"},
                  {bad_command, 2, "unknown command \"replya\""}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -430,6 +453,7 @@ static const prism_test_case cases[] = {
     {"test_replay_merges_ranks_by_mean_norm", test_replay_merges_ranks_by_mean_norm},
     {"test_replay_completes_open_steps_in_order_at_the_end", test_replay_completes_open_steps_in_order_at_the_end},
     {"test_replay_drops_reports_for_completed_steps", test_replay_drops_reports_for_completed_steps},
+    {"test_replay_merges_ranks_sent_one_after_another", test_replay_merges_ranks_sent_one_after_another},
     {"test_replay_calibration_applies_from_its_line_on", test_replay_calibration_applies_from_its_line_on},
     {"test_replay_saving_of_29_of_48_equal_blocks_is_30_2", test_replay_saving_of_29_of_48_equal_blocks_is_30_2},
     {"test_replay_layout_weights_saving_by_bf16_bytes", test_replay_layout_weights_saving_by_bf16_bytes},
