@@ -1,7 +1,9 @@
 #include "prism/common.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 prism_status prism_error_set(prism_error *err, prism_status status, const char *fmt, ...)
@@ -91,4 +93,47 @@ double prism_precision_saving(prism_precision p)
     case PRISM_PRECISION_INT4: return 0.75;
     }
     return 0.0;
+}
+
+char *prism_file_read(const char *path, size_t *len, prism_error *err)
+{
+    bool is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) {
+        prism_error_set(err, PRISM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+        if (n + 1 == cap) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf = bigger;
+                cap *= 2;
+            }
+        }
+    }
+    bool failed = ferror(f);
+    if (!is_stdin)
+        fclose(f);
+    if (!buf) {
+        prism_error_set(err, PRISM_ERR_NOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    if (failed) {
+        free(buf);
+        prism_error_set(err, PRISM_ERR_IO, "%s: read error", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }

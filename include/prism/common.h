@@ -38,6 +38,10 @@ void prism_error_prefix(prism_error *err, const char *fmt, ...) __attribute__((f
 
 const char *prism_status_name(prism_status status);
 
+/* Reads a whole file ("-": standard input) into a NUL-terminated buffer the caller frees;
+ * *len gets its length. NULL with err naming the file when it cannot. */
+char *prism_file_read(const char *path, size_t *len, prism_error *err);
+
 /* Values match the wire enum prism.v1.Precision. */
 typedef enum prism_precision {
     PRISM_PRECISION_BF16 = 0,

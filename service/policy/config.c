@@ -510,33 +510,10 @@ prism_status prism_config_load_buffer(const char *text, size_t len, const char *
 
 prism_status prism_config_load_file(const char *path, prism_config *out, prism_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return prism_error_set(err, PRISM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += got;
-        if (len == cap) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-    }
-    bool read_error = ferror(f);
-    fclose(f);
+    size_t len = 0;
+    char *buf = prism_file_read(path, &len, err);
     if (!buf)
-        return prism_error_set(err, PRISM_ERR_NOMEM, "%s: out of memory", path);
-    if (read_error) {
-        free(buf);
-        return prism_error_set(err, PRISM_ERR_IO, "%s: read error", path);
-    }
+        return err ? err->status : PRISM_ERR_IO;
     prism_status st = prism_config_load_buffer(buf, len, path, out, err);
     free(buf);
     return st;

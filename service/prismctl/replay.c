@@ -126,42 +126,6 @@ static int parse_args(int argc, char **argv, replay_options *o)
     return -1;
 }
 
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0)
-            break;
-        if (n + 1 == cap) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-    }
-    bool failed = ferror(f);
-    if (f != stdin)
-        fclose(f);
-    if (failed) {
-        free(buf);
-        return NULL;
-    }
-    if (buf)
-        buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 /* Walks the lines of a buffer: *line gets the next line (without its newline). */
 static bool next_line(const char *text, size_t len, size_t *pos, const char **line, size_t *line_len)
 {
@@ -265,9 +229,9 @@ int prismctl_replay(int argc, char **argv)
         return st == PRISM_ERR_INVALID ? 2 : 1;
     }
     size_t len = 0;
-    char *text = read_all(opt.trace_path, &len);
+    char *text = prism_file_read(opt.trace_path, &len, &err);
     if (!text) {
-        fprintf(stderr, "prismctl replay: %s: cannot read: %s\n", opt.trace_path, strerror(errno));
+        fprintf(stderr, "prismctl replay: %s\n", err.message);
         prism_config_free(&cfg);
         return 1;
     }

@@ -434,7 +434,7 @@ static void test_replay_usage_errors_exit_2(void)
                  {bad_option, 2, "unknown option --wrold-size"},
                  {bad_world, 2, "--world-size: \"0\""},
                  {bad_time, 2, "--timestamp: \"nan\""},
-                 {missing_file, 1, "/nonexistent/trace.jsonl: cannot read"},
+                 {missing_file, 1, "/nonexistent/trace.jsonl: cannot open: No such file or directory"},
                  {bad_command, 2, "unknown command \"replya\""}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         prism_proc_result r;
