@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 
 #include "config.h"
+#include "log.h"
 #include "prism/common.h"
 
 #include <arpa/inet.h>
@@ -42,123 +43,6 @@
 #define PRISMD_LOCK_NAME "prismd.lock"
 #define PRISMD_DATA_DIR_MODE 0750
 #define PRISMD_HTTP_TIMEOUT_S 30u
-
-/* ---------------------------------------------------------------------------------------------
- * Logging: one logfmt line per event on stderr,
- *   ts=2026-11-22T10:00:00.123Z level=info msg="listening" http=127.0.0.1:8080 data_dir=...
- * Each line is assembled in a buffer and written with one call, so lines from the HTTP thread and
- * the main thread never interleave. */
-
-typedef enum prismd_log_level {
-    PRISMD_LOG_DEBUG = 0,
-    PRISMD_LOG_INFO = 1,
-    PRISMD_LOG_WARN = 2,
-    PRISMD_LOG_ERROR = 3
-} prismd_log_level;
-
-static const char *const log_level_names[] = {"debug", "info", "warn", "error"};
-
-/* Set once by main before any thread starts; read-only afterwards. */
-static prismd_log_level log_threshold = PRISMD_LOG_INFO;
-
-typedef struct log_line {
-    char buf[4096];
-    size_t len; /* always < sizeof buf - 1: room is kept for the final newline */
-} log_line;
-
-static void log_putc(log_line *l, char c)
-{
-    if (l->len + 2 < sizeof l->buf)
-        l->buf[l->len++] = c;
-}
-
-static void log_puts(log_line *l, const char *s)
-{
-    while (*s)
-        log_putc(l, *s++);
-}
-
-static bool logfmt_needs_quotes(const char *s)
-{
-    if (!*s)
-        return true;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' || *p == 0x7f)
-            return true;
-    }
-    return false;
-}
-
-/* Writes s as a logfmt value: bare when it is one plain token, else quoted with \" \\ \n \t \r
- * and \u00XX escapes, so that a request path or an error text can never break the line. */
-static void log_put_value(log_line *l, const char *s, bool always_quote)
-{
-    if (!always_quote && !logfmt_needs_quotes(s)) {
-        log_puts(l, s);
-        return;
-    }
-    log_putc(l, '"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': log_puts(l, "\\\""); break;
-        case '\\': log_puts(l, "\\\\"); break;
-        case '\n': log_puts(l, "\\n"); break;
-        case '\t': log_puts(l, "\\t"); break;
-        case '\r': log_puts(l, "\\r"); break;
-        default:
-            if (*p < ' ' || *p == 0x7f) {
-                char esc[8];
-                snprintf(esc, sizeof esc, "\\u%04x", (unsigned)*p);
-                log_puts(l, esc);
-            } else {
-                log_putc(l, (char)*p);
-            }
-        }
-    }
-    log_putc(l, '"');
-}
-
-/* Ends the key/value list of log_event (a typed null pointer, as va_arg reads one). */
-#define LOG_END ((const char *)NULL)
-
-/* Logs one event: msg, then key/value string pairs terminated by LOG_END. */
-static void log_event(prismd_log_level level, const char *msg, ...) __attribute__((sentinel));
-
-static void log_event(prismd_log_level level, const char *msg, ...)
-{
-    if (level < log_threshold)
-        return;
-    log_line l = {.len = 0};
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    char stamp[64];
-    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
-    char millis[24];
-    snprintf(millis, sizeof millis, ".%03dZ", (int)(ts.tv_nsec / 1000000L));
-    log_puts(&l, "ts=");
-    log_puts(&l, stamp);
-    log_puts(&l, millis);
-    log_puts(&l, " level=");
-    log_puts(&l, log_level_names[level]);
-    log_puts(&l, " msg=");
-    log_put_value(&l, msg, true);
-
-    va_list ap;
-    va_start(ap, msg);
-    for (const char *key = va_arg(ap, const char *); key; key = va_arg(ap, const char *)) {
-        const char *value = va_arg(ap, const char *);
-        log_putc(&l, ' ');
-        log_puts(&l, key);
-        log_putc(&l, '=');
-        log_put_value(&l, value ? value : "", false);
-    }
-    va_end(ap);
-    l.buf[l.len++] = '\n';
-    fwrite(l.buf, 1, l.len, stderr);
-    fflush(stderr);
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Options: one table (name, argument, default, help) read by the parser, the defaults and --help.
@@ -282,8 +166,8 @@ static prism_status set_config(prismd_options *opts, const char *value, prism_er
 
 static prism_status set_log_level(prismd_options *opts, const char *value, prism_error *err)
 {
-    for (size_t i = 0; i < sizeof log_level_names / sizeof log_level_names[0]; i++) {
-        if (strcmp(value, log_level_names[i]) == 0) {
+    for (size_t i = 0; i < PRISMD_LOG_LEVELS; i++) {
+        if (strcmp(value, prismd_log_level_names[i]) == 0) {
             opts->log_level = (prismd_log_level)i;
             return PRISM_OK;
         }
@@ -558,15 +442,15 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     else
         route->get(srv, &reply);
 
-    if (log_threshold <= PRISMD_LOG_DEBUG) {
+    if (prismd_log_threshold <= PRISMD_LOG_DEBUG) {
         char status[16], client[INET6_ADDRSTRLEN + 16];
         snprintf(status, sizeof status, "%u", reply.status);
         format_client(conn, client, sizeof client);
-        log_event(PRISMD_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
+        prismd_log(PRISMD_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
                   "client", client, LOG_END);
     }
     if (!reply.body) {
-        log_event(PRISMD_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
+        prismd_log(PRISMD_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
         return MHD_NO;
     }
     struct MHD_Response *resp =
@@ -600,7 +484,7 @@ static void http_log(void *cls, const char *fmt, va_list ap)
     if (!srv->http_error[0])
         snprintf(srv->http_error, sizeof srv->http_error, "%s", text);
     pthread_mutex_unlock(&srv->http_error_lock);
-    log_event(PRISMD_LOG_WARN, "microhttpd", "error", text, LOG_END);
+    prismd_log(PRISMD_LOG_WARN, "microhttpd", "error", text, LOG_END);
 }
 
 /* Binds exactly the address given; dual stack only for an IPv6 address. */
@@ -818,12 +702,12 @@ static int prismd_serve(const prismd_options *opts, char *defaults_json)
     struct MHD_Daemon *daemon = NULL;
 
     if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
-        log_event(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
+        prismd_log(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
                   err.message, LOG_END);
         goto out;
     }
     if (data_dir_lock(&srv, &err) != PRISM_OK) {
-        log_event(PRISMD_LOG_ERROR, "cannot lock data dir", "data_dir", opts->data_dir, "error",
+        prismd_log(PRISMD_LOG_ERROR, "cannot lock data dir", "data_dir", opts->data_dir, "error",
                   err.message, LOG_END);
         goto out;
     }
@@ -834,11 +718,11 @@ static int prismd_serve(const prismd_options *opts, char *defaults_json)
         snprintf(reason, sizeof reason, "%s",
                  srv.http_error[0] ? srv.http_error : "libmicrohttpd could not start");
         pthread_mutex_unlock(&srv.http_error_lock);
-        log_event(PRISMD_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", reason,
+        prismd_log(PRISMD_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", reason,
                   LOG_END);
         goto out;
     }
-    log_event(PRISMD_LOG_INFO, "listening", "http", opts->http_text, "data_dir", opts->data_dir,
+    prismd_log(PRISMD_LOG_INFO, "listening", "http", opts->http_text, "data_dir", opts->data_dir,
               LOG_END);
 
     sigset_t stop;
@@ -848,7 +732,7 @@ static int prismd_serve(const prismd_options *opts, char *defaults_json)
     int sig = 0;
     while (sigwait(&stop, &sig) != 0)
         ;
-    log_event(PRISMD_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
+    prismd_log(PRISMD_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
     status = 0;
 
 out:
@@ -858,7 +742,7 @@ out:
         close(srv.lock_fd);
     pthread_mutex_destroy(&srv.http_error_lock);
     if (status == 0)
-        log_event(PRISMD_LOG_INFO, "stopped", "data_dir", opts->data_dir, LOG_END);
+        prismd_log(PRISMD_LOG_INFO, "stopped", "data_dir", opts->data_dir, LOG_END);
     return status;
 }
 
@@ -878,7 +762,7 @@ int main(int argc, char **argv)
         printf("prismd %s\n", PRISM_VERSION);
         return 0;
     }
-    log_threshold = opts.log_level;
+    prismd_log_threshold = opts.log_level;
 
     /* Stop signals are blocked before any thread exists, so every thread inherits the mask and
      * only the main thread's sigwait() receives them; a signal during start-up waits there. */
@@ -898,7 +782,7 @@ int main(int argc, char **argv)
     }
     char pid[32];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
-    log_event(PRISMD_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
+    prismd_log(PRISMD_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
               opts.config_path ? opts.config_path : "built-in defaults", LOG_END);
     int status = prismd_serve(&opts, defaults_json);
     free(defaults_json);
