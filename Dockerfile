@@ -1,6 +1,6 @@
 # prismd and prismctl in a small runtime image (CPU build: the service needs no GPU).
 #   docker build -t prism .
-#   docker run -p 8080:8080 -v prism-data:/var/lib/prism prism
+#   docker run -p 8080:8080 -p 50051:50051 -v prism-data:/var/lib/prism prism
 
 # Stage 1: build with the same dependency script as a developer machine.
 FROM debian:12 AS build
@@ -16,7 +16,7 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DPRISM_CUDA=OFF -DPRISM_BEN
 FROM debian:12-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libjansson4 libprotobuf-c1 libmicrohttpd12 libsqlite3-0 ca-certificates \
+      libjansson4 libprotobuf-c1 libmicrohttpd12 libsqlite3-0 libgrpc29 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system prism \
  && useradd --system --gid prism --home-dir /var/lib/prism --shell /usr/sbin/nologin prism \
@@ -26,8 +26,8 @@ COPY --from=build /out/prismd /out/prismctl /usr/local/bin/
 USER prism
 WORKDIR /var/lib/prism
 VOLUME ["/var/lib/prism"]
-# 8080: HTTP (health, readiness, config defaults; REST and /metrics to come).
-EXPOSE 8080
+# 8080: HTTP (health, readiness, config defaults; REST and /metrics to come); 50051: gRPC.
+EXPOSE 8080 50051
 # prismd listens on 127.0.0.1 by default; in a container that address is unreachable from
 # outside, so the image listens on all interfaces and leaves access control to the network.
-ENTRYPOINT ["prismd", "--data-dir", "/var/lib/prism", "--http-listen", "0.0.0.0:8080"]
+ENTRYPOINT ["prismd", "--data-dir", "/var/lib/prism", "--http-listen", "0.0.0.0:8080", "--grpc-listen", "0.0.0.0:50051"]

@@ -1,21 +1,25 @@
-/* prismd: the Prism policy service (DESIGN 1, 6, 7).
+/* prismd: the Prism policy service (DESIGN 1, 5, 6, 7).
  *
- * What this program does today, and nothing more: it validates the default policy configuration
- * for new jobs (--config, through the policy core), creates its data directory and holds an
- * exclusive lock on it so that two prismd never share one, and serves over HTTP (libmicrohttpd)
- * liveness (/healthz), readiness (/readyz) and that default configuration (/v1/config/defaults).
- * Logs are logfmt lines on stderr. SIGTERM or SIGINT stops it cleanly with exit status 0.
+ * It validates the default policy configuration for new jobs (--config, through the policy
+ * core), creates its data directory and holds an exclusive lock on it so that two prismd never
+ * share one, serves prism.v1.PolicyService over gRPC (rpc.c: Connect, GetBlockMap, Watch, driven
+ * by the policy thread that owns every job, jobs.c), and serves over HTTP (libmicrohttpd)
+ * liveness (/healthz), readiness (/readyz) and the default configuration (/v1/config/defaults).
+ * Logs are logfmt lines on stderr (log.c). SIGTERM or SIGINT ends every stream with UNAVAILABLE
+ * and stops cleanly with exit status 0.
  *
- * Threads: the main thread parses, starts and then waits in sigwait(); libmicrohttpd's internal
- * thread answers requests from a server struct that is immutable once the daemon has started.
+ * Threads: the main thread parses, starts and then waits in sigwait(); the policy thread drives
+ * the gRPC completion queue; libmicrohttpd's internal thread answers requests from a server
+ * struct that is immutable once the daemon has started.
  *
  * Exit status: 0 after a clean stop (and for --help, --version), 1 when the data directory, its
- * lock or the listening address cannot be had, 2 for a bad option or a bad --config. */
+ * lock or a listening address cannot be had, 2 for a bad option or a bad --config. */
 #define _GNU_SOURCE
 
 #include "config.h"
 #include "log.h"
 #include "prism/common.h"
+#include "rpc.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,6 +56,11 @@ typedef struct prismd_options {
     struct sockaddr_storage http_addr;
     socklen_t http_addr_len;
     char http_text[INET6_ADDRSTRLEN + 16]; /* canonical "a.b.c.d:port" or "[v6]:port" */
+    char grpc_text[INET6_ADDRSTRLEN + 16];
+    size_t max_message_bytes;
+    size_t max_jobs;
+    size_t max_blocks;
+    bool auto_create;
     const char *data_dir;
     const char *config_path; /* NULL: the built-in policy defaults */
     prismd_log_level log_level;
@@ -90,7 +99,9 @@ static bool parse_port(const char *s, uint16_t *port)
 
 /* Accepts exactly "a.b.c.d:port" or "[ipv6]:port" with a numeric address (no host names: the
  * service binds where it is told, it does not resolve). */
-static prism_status set_http_listen(prismd_options *opts, const char *value, prism_error *err)
+/* Parses ADDR:PORT (IPv4, or IPv6 in brackets) into a socket address and its canonical text. */
+static prism_status parse_listen(const char *value, struct sockaddr_storage *addr, socklen_t *addr_len, char *text,
+                                 size_t text_len, prism_error *err)
 {
     char host[INET6_ADDRSTRLEN + 1];
     const char *port_text = NULL;
@@ -116,26 +127,26 @@ static prism_status set_http_listen(prismd_options *opts, const char *value, pri
     if (!parse_port(port_text, &port))
         goto bad;
 
-    memset(&opts->http_addr, 0, sizeof opts->http_addr);
+    memset(addr, 0, sizeof *addr);
     char canonical[INET6_ADDRSTRLEN];
     if (family == AF_INET) {
-        struct sockaddr_in *sin = (struct sockaddr_in *)&opts->http_addr;
+        struct sockaddr_in *sin = (struct sockaddr_in *)addr;
         sin->sin_family = AF_INET;
         sin->sin_port = htons(port);
         if (inet_pton(AF_INET, host, &sin->sin_addr) != 1)
             goto bad;
         inet_ntop(AF_INET, &sin->sin_addr, canonical, sizeof canonical);
-        opts->http_addr_len = sizeof *sin;
-        snprintf(opts->http_text, sizeof opts->http_text, "%s:%u", canonical, (unsigned)port);
+        *addr_len = sizeof *sin;
+        snprintf(text, text_len, "%s:%u", canonical, (unsigned)port);
     } else {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&opts->http_addr;
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)addr;
         sin6->sin6_family = AF_INET6;
         sin6->sin6_port = htons(port);
         if (inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1)
             goto bad;
         inet_ntop(AF_INET6, &sin6->sin6_addr, canonical, sizeof canonical);
-        opts->http_addr_len = sizeof *sin6;
-        snprintf(opts->http_text, sizeof opts->http_text, "[%s]:%u", canonical, (unsigned)port);
+        *addr_len = sizeof *sin6;
+        snprintf(text, text_len, "[%s]:%u", canonical, (unsigned)port);
     }
     return PRISM_OK;
 bad:
@@ -143,6 +154,55 @@ bad:
                            "\"%.200s\" is not ADDR:PORT (ADDR an IPv4 address a.b.c.d or an IPv6 "
                            "address in brackets such as [::1]; PORT 1-65535)",
                            value);
+}
+
+static prism_status set_http_listen(prismd_options *opts, const char *value, prism_error *err)
+{
+    return parse_listen(value, &opts->http_addr, &opts->http_addr_len, opts->http_text, sizeof opts->http_text, err);
+}
+
+static prism_status set_grpc_listen(prismd_options *opts, const char *value, prism_error *err)
+{
+    struct sockaddr_storage addr;
+    socklen_t len;
+    return parse_listen(value, &addr, &len, opts->grpc_text, sizeof opts->grpc_text, err);
+}
+
+static prism_status set_size(size_t *out, const char *value, unsigned long long min, unsigned long long max,
+                             prism_error *err)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(value, &end, 10);
+    if (errno || !value[0] || *end || value[0] == '-' || x < min || x > max)
+        return prism_error_set(err, PRISM_ERR_INVALID, "\"%.200s\" is not an integer from %llu to %llu", value, min,
+                               max);
+    *out = (size_t)x;
+    return PRISM_OK;
+}
+
+static prism_status set_max_message_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->max_message_bytes, value, 1024, 1ull << 30, err);
+}
+
+static prism_status set_max_jobs(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->max_jobs, value, 1, 1000000, err);
+}
+
+static prism_status set_max_blocks(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->max_blocks, value, 1, 10000000, err);
+}
+
+static prism_status set_auto_create(prismd_options *opts, const char *value, prism_error *err)
+{
+    if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
+        opts->auto_create = value[0] == 't';
+        return PRISM_OK;
+    }
+    return prism_error_set(err, PRISM_ERR_INVALID, "\"%.200s\" is not true or false", value);
 }
 
 static prism_status set_data_dir(prismd_options *opts, const char *value, prism_error *err)
@@ -196,6 +256,16 @@ static const prismd_option prismd_option_table[] = {
     {"http-listen", 0, "ADDR:PORT", "127.0.0.1:8080", set_http_listen,
      "HTTP address: IPv4 a.b.c.d:PORT, or IPv6 [ADDR]:PORT (then also IPv4 where the system "
      "allows dual stack)"},
+    {"grpc-listen", 0, "ADDR:PORT", "127.0.0.1:50051", set_grpc_listen,
+     "gRPC address of prism.v1.PolicyService (agents' Connect, GetBlockMap, Watch), same forms"},
+    {"max-message-bytes", 0, "N", "16777216", set_max_message_bytes,
+     "largest gRPC message accepted; larger ones are refused with RESOURCE_EXHAUSTED"},
+    {"max-jobs", 0, "N", "1000", set_max_jobs, "jobs this prismd holds at most; a Hello for one more is refused"},
+    {"max-blocks", 0, "N", "100000", set_max_blocks,
+     "distinct block ids per job at most; a report or layout with more is refused"},
+    {"auto-create", 0, "true|false", "true", set_auto_create,
+     "a Hello for an unknown job creates it, keeping the Hello's bearer token as the job's "
+     "token; false: NOT_FOUND"},
     {"data-dir", 0, "DIR", "./prism-data", set_data_dir,
      "state directory, created (mode 0750) if missing and locked through DIR/" PRISMD_LOCK_NAME
      " so that one prismd at a time uses it"},
@@ -674,25 +744,26 @@ static char *config_render(const json_t *obj)
 }
 
 /* Loads --config (or the built-in defaults) and renders it for /v1/config/defaults. */
-static prism_status load_policy_defaults(const prismd_options *opts, char **json_text,
+/* Loads the policy config for new jobs into *cfg and renders it as JSON for /v1/config/defaults. */
+static prism_status load_policy_defaults(const prismd_options *opts, prism_config *cfg, char **json_text,
                                          prism_error *err)
 {
-    prism_config cfg;
-    prism_status st = opts->config_path ? prism_config_load_file(opts->config_path, &cfg, err)
-                                        : prism_config_init(&cfg, err);
+    prism_status st = opts->config_path ? prism_config_load_file(opts->config_path, cfg, err)
+                                        : prism_config_init(cfg, err);
     if (st != PRISM_OK)
         return st;
-    json_t *obj = prism_config_to_json(&cfg);
-    prism_config_free(&cfg);
+    json_t *obj = prism_config_to_json(cfg);
     *json_text = obj ? config_render(obj) : NULL;
     json_decref(obj);
-    if (!*json_text)
+    if (!*json_text) {
+        prism_config_free(cfg);
         return prism_error_set(err, PRISM_ERR_NOMEM, "cannot render the config as JSON");
+    }
     return PRISM_OK;
 }
 
 /* Runs the server until SIGTERM or SIGINT; returns the exit status. */
-static int prismd_serve(const prismd_options *opts, char *defaults_json)
+static int prismd_serve(const prismd_options *opts, const prism_config *defaults, char *defaults_json)
 {
     prismd_server srv = {.data_dir = opts->data_dir, .lock_fd = -1, .defaults_json = defaults_json};
     pthread_mutex_init(&srv.http_error_lock, NULL);
@@ -700,6 +771,7 @@ static int prismd_serve(const prismd_options *opts, char *defaults_json)
     prism_error err = {0};
     int status = 1;
     struct MHD_Daemon *daemon = NULL;
+    prismd_rpc *rpc = NULL;
 
     if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
         prismd_log(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
@@ -722,8 +794,18 @@ static int prismd_serve(const prismd_options *opts, char *defaults_json)
                   LOG_END);
         goto out;
     }
-    prismd_log(PRISMD_LOG_INFO, "listening", "http", opts->http_text, "data_dir", opts->data_dir,
-              LOG_END);
+    prismd_rpc_options rpc_opts = {
+        .listen = opts->grpc_text,
+        .max_message_bytes = opts->max_message_bytes,
+        .limits = {.max_jobs = opts->max_jobs, .max_blocks = opts->max_blocks, .auto_create = opts->auto_create},
+    };
+    rpc = prismd_rpc_start(&rpc_opts, defaults, &err);
+    if (!rpc) {
+        prismd_log(PRISMD_LOG_ERROR, "cannot listen", "grpc", opts->grpc_text, "error", err.message, LOG_END);
+        goto out;
+    }
+    prismd_log(PRISMD_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "data_dir",
+               opts->data_dir, LOG_END);
 
     sigset_t stop;
     sigemptyset(&stop);
@@ -736,6 +818,7 @@ static int prismd_serve(const prismd_options *opts, char *defaults_json)
     status = 0;
 
 out:
+    prismd_rpc_stop(rpc);
     if (daemon)
         MHD_stop_daemon(daemon);
     if (srv.lock_fd >= 0)
@@ -774,7 +857,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     char *defaults_json = NULL;
-    prism_status st = load_policy_defaults(&opts, &defaults_json, &err);
+    prism_config defaults;
+    prism_status st = load_policy_defaults(&opts, &defaults, &defaults_json, &err);
     if (st != PRISM_OK) {
         bool config_fault = opts.config_path && st != PRISM_ERR_NOMEM;
         fprintf(stderr, "prismd: %s%s\n", config_fault ? "--config: " : "", err.message);
@@ -784,7 +868,8 @@ int main(int argc, char **argv)
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
     prismd_log(PRISMD_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
               opts.config_path ? opts.config_path : "built-in defaults", LOG_END);
-    int status = prismd_serve(&opts, defaults_json);
+    int status = prismd_serve(&opts, &defaults, defaults_json);
     free(defaults_json);
+    prism_config_free(&defaults);
     return status;
 }

@@ -42,6 +42,7 @@ typedef struct prismd_proc {
     pid_t pid; /* 0: not running */
     int family;
     uint16_t port;
+    uint16_t grpc_port; /* gRPC on 127.0.0.1, so that runs never meet on the default port */
     char data_dir[512];
     char log_path[512];
 } prismd_proc;
@@ -130,6 +131,7 @@ static void prismd_prepare(prismd_proc *p, const char *name, int family)
     memset(p, 0, sizeof *p);
     p->family = family;
     p->port = free_port(family);
+    p->grpc_port = free_port(AF_INET);
     snprintf(p->data_dir, sizeof p->data_dir, "%s/%s/data", prism_scratch_dir(), name);
     snprintf(p->log_path, sizeof p->log_path, "%s/%s.log", prism_scratch_dir(), name);
 }
@@ -138,16 +140,19 @@ static void prismd_prepare(prismd_proc *p, const char *name, int family)
  * stdout and stderr go to p->log_path. Returns 0 when the child was started. */
 static int prismd_spawn(prismd_proc *p, const char *const *extra)
 {
-    char listen[64];
+    char listen[64], grpc_listen[64];
     listen_text(p, listen, sizeof listen);
-    const char *argv[16];
+    snprintf(grpc_listen, sizeof grpc_listen, "127.0.0.1:%u", (unsigned)p->grpc_port);
+    const char *argv[18];
     size_t n = 0;
     argv[n++] = prism_build_path(PRISMD_BIN);
     argv[n++] = "--http-listen";
     argv[n++] = listen;
+    argv[n++] = "--grpc-listen";
+    argv[n++] = grpc_listen;
     argv[n++] = "--data-dir";
     argv[n++] = p->data_dir;
-    for (size_t i = 0; extra && extra[i] && n < 15; i++)
+    for (size_t i = 0; extra && extra[i] && n < 17; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
     char bin[4096];
@@ -444,6 +449,11 @@ static void test_bad_options_exit_2_naming_flag_and_value(void)
         {{"--http-listen=::1:80", NULL}, "prismd: --http-listen: \"::1:80\"" ADDR_HELP},
         {{"--http-listen=[::1]", NULL}, "prismd: --http-listen: \"[::1]\"" ADDR_HELP},
         {{"--http-listen=[::1]:8x", NULL}, "prismd: --http-listen: \"[::1]:8x\"" ADDR_HELP},
+        {{"--grpc-listen", "abc", NULL}, "prismd: --grpc-listen: \"abc\"" ADDR_HELP},
+        {{"--max-blocks", "0", NULL}, "prismd: --max-blocks: \"0\" is not an integer from 1 to 10000000\n"},
+        {{"--max-message-bytes=lots", NULL},
+         "prismd: --max-message-bytes: \"lots\" is not an integer from 1024 to 1073741824\n"},
+        {{"--auto-create", "maybe", NULL}, "prismd: --auto-create: \"maybe\" is not true or false\n"},
         {{"--data-dir", NULL}, "prismd: --data-dir: missing value DIR\n"},
         {{"--http-listen", "--log-level", "debug", NULL},
          "prismd: --http-listen: missing value ADDR:PORT\n"},
@@ -692,7 +702,8 @@ static void test_ipv6_loopback_listen_serves_healthz(void)
     CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);
     char *log = prismd_log(&p);
     char expected[128];
-    snprintf(expected, sizeof expected, "msg=\"listening\" http=[::1]:%u ", (unsigned)p.port);
+    snprintf(expected, sizeof expected, "msg=\"listening\" grpc=127.0.0.1:%u http=[::1]:%u ",
+             (unsigned)p.grpc_port, (unsigned)p.port);
     CU_ASSERT_TRUE(contains(log, expected));
     free(log);
 }
@@ -775,6 +786,32 @@ static void test_uncreatable_data_dir_exits_1_naming_it(void)
     prism_proc_result_free(&res);
 }
 
+/* A taken gRPC port: exit 1 with the address named, and the HTTP side does not linger. */
+static void test_taken_grpc_port_exits_1_naming_address(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    CU_ASSERT_EQUAL(bind(fd, (struct sockaddr *)&a, len), 0);
+    CU_ASSERT_EQUAL(listen(fd, 1), 0);
+    CU_ASSERT_EQUAL(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    char grpc_addr[64], http_addr[64], data_dir[4096];
+    snprintf(grpc_addr, sizeof grpc_addr, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    snprintf(http_addr, sizeof http_addr, "127.0.0.1:%u", (unsigned)free_port(AF_INET));
+    snprintf(data_dir, sizeof data_dir, "%s/grpc-port-taken", prism_scratch_dir());
+    const char *args[] = {"--grpc-listen", grpc_addr, "--http-listen", http_addr, "--data-dir", data_dir, NULL};
+    prism_proc_result res;
+    run_prismd(args, &res);
+    close(fd);
+    CU_ASSERT_EQUAL(res.exit_code, 1);
+    char expected[256];
+    snprintf(expected, sizeof expected, "level=error msg=\"cannot listen\" grpc=%s error=", grpc_addr);
+    if (!contains(res.err, expected))
+        fprintf(stderr, "\nstderr: %s\nexpected: %s", res.err, expected);
+    CU_ASSERT_TRUE(contains(res.err, expected));
+    prism_proc_result_free(&res);
+}
+
 static void test_taken_port_exits_1_naming_address(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -848,8 +885,8 @@ static void test_logs_are_logfmt_with_requests_at_debug_only(void)
         char *log = prismd_log(&p);
         char expected[1024];
         snprintf(expected, sizeof expected,
-                 " level=info msg=\"listening\" http=127.0.0.1:%u data_dir=%s\n",
-                 (unsigned)p.port, p.data_dir);
+                 " level=info msg=\"listening\" grpc=127.0.0.1:%u http=127.0.0.1:%u data_dir=%s\n",
+                 (unsigned)p.grpc_port, (unsigned)p.port, p.data_dir);
         CU_ASSERT_TRUE(contains(log, expected));
         CU_ASSERT_TRUE(contains(log, " level=info msg=\"starting\" version="));
         const char *request =
@@ -899,6 +936,7 @@ static const prism_test_case lifecycle_cases[] = {
      test_second_prismd_on_same_data_dir_exits_1_naming_it},
     {"test_uncreatable_data_dir_exits_1_naming_it", test_uncreatable_data_dir_exits_1_naming_it},
     {"test_taken_port_exits_1_naming_address", test_taken_port_exits_1_naming_address},
+    {"test_taken_grpc_port_exits_1_naming_address", test_taken_grpc_port_exits_1_naming_address},
     {"test_stop_signals_exit_0_and_release_the_lock", test_stop_signals_exit_0_and_release_the_lock},
     {"test_logs_are_logfmt_with_requests_at_debug_only",
      test_logs_are_logfmt_with_requests_at_debug_only},

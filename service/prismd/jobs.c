@@ -1,0 +1,630 @@
+/* Jobs (jobs.h): Hello and Welcome, step reports through the rank merge into the policy, and
+ * every changed map pushed to all agents and watchers of the job with the same effective step. */
+#define _POSIX_C_SOURCE 200809L
+#include "jobs.h"
+
+#include "log.h"
+#include "merge.h"
+#include "policy.h"
+#include "prism/v1/prism.pb-c.h"
+
+#include <grpc/status.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JOB_ID_MAX 128
+
+typedef struct agent {
+    prismd_stream *stream;
+    uint32_t rank;
+} agent;
+
+typedef struct rank_ack {
+    bool has;
+    uint64_t map_version;
+    uint64_t applied_step;
+} rank_ack;
+
+struct prismd_job {
+    char id[JOB_ID_MAX + 1];
+    char *token;            /* NULL: the job takes any caller */
+    uint32_t world_size;
+    prism_policy *policy;
+    prism_merger *merger;
+    uint64_t decided_step;  /* of the current map */
+    uint64_t effective_step;
+    bool calibrated;
+    agent *agents;
+    size_t nagents, cap_agents;
+    prismd_stream **watchers;
+    size_t nwatchers, cap_watchers;
+    rank_ack *acks;         /* world_size entries */
+};
+
+struct prismd_jobs {
+    prism_config defaults;
+    prismd_jobs_limits limits;
+    prismd_job **jobs;
+    size_t njobs, cap_jobs;
+    prismd_jobs_counters counters;
+};
+
+static bool fail(prismd_status *end, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static bool fail(prismd_status *end, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(end->message, sizeof end->message, fmt, ap);
+    va_end(ap);
+    end->code = code;
+    return false;
+}
+
+prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prism_error *err)
+{
+    prismd_jobs *j = calloc(1, sizeof *j);
+    if (!j) {
+        prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    if (prism_config_copy(&j->defaults, defaults, err)) {
+        free(j);
+        return NULL;
+    }
+    j->limits = *limits;
+    return j;
+}
+
+static void job_free(prismd_job *job)
+{
+    prism_policy_destroy(job->policy);
+    prism_merger_destroy(job->merger);
+    free(job->token);
+    free(job->agents);
+    free(job->watchers);
+    free(job->acks);
+    free(job);
+}
+
+void prismd_jobs_destroy(prismd_jobs *j)
+{
+    if (!j)
+        return;
+    for (size_t i = 0; i < j->njobs; i++)
+        job_free(j->jobs[i]);
+    free(j->jobs);
+    prism_config_free(&j->defaults);
+    free(j);
+}
+
+const prismd_jobs_counters *prismd_jobs_counters_get(const prismd_jobs *j)
+{
+    return &j->counters;
+}
+
+static prismd_job *find_job(const prismd_jobs *j, const char *id)
+{
+    for (size_t i = 0; i < j->njobs; i++)
+        if (strcmp(j->jobs[i]->id, id) == 0)
+            return j->jobs[i];
+    return NULL;
+}
+
+static bool valid_job_id(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > JOB_ID_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                  c == '_' || c == '.';
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* The job's token check: a job without a token takes anyone; else the call's token must match. */
+static bool authorized(const prismd_job *job, const char *auth)
+{
+    return !job->token || (auth && strcmp(job->token, auth) == 0);
+}
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t size)
+{
+    if (*cap >= need)
+        return true;
+    size_t ncap = *cap ? *cap * 2 : 8;
+    while (ncap < need)
+        ncap *= 2;
+    void *n = realloc(*arr, ncap * size);
+    if (!n)
+        return false;
+    *arr = n;
+    *cap = ncap;
+    return true;
+}
+
+static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
+                              prismd_status *end)
+{
+    if (j->njobs >= j->limits.max_jobs) {
+        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: prismd already has %zu jobs, its limit", id, j->njobs);
+        return NULL;
+    }
+    prism_error err;
+    prismd_job *job = calloc(1, sizeof *job);
+    if (!job || !grow((void **)&j->jobs, &j->cap_jobs, j->njobs + 1, sizeof *j->jobs)) {
+        free(job);
+        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    snprintf(job->id, sizeof job->id, "%s", id);
+    job->world_size = world_size;
+    job->policy = prism_policy_create(&j->defaults, &err);
+    job->merger = job->policy ? prism_merger_create(world_size, j->defaults.step_timeout_ms, &err) : NULL;
+    job->acks = calloc(world_size, sizeof *job->acks);
+    job->token = token && token[0] ? strdup(token) : NULL;
+    if (!job->merger || !job->acks || (token && token[0] && !job->token) ||
+        prism_merger_set_limits(job->merger, PRISM_MERGE_MAX_OPEN_STEPS, j->limits.max_blocks, &err)) {
+        job_free(job);
+        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: cannot be created", id);
+        return NULL;
+    }
+    j->jobs[j->njobs++] = job;
+    prismd_log(PRISMD_LOG_INFO, "job created", "job", id, "token", job->token ? "set" : "none", LOG_END);
+    return job;
+}
+
+/* ---- messages out ---- */
+
+static Prism__V1__Precision wire_precision(prism_precision p)
+{
+    return (Prism__V1__Precision)p; /* the values match by design (common.h) */
+}
+
+/* The job's whole map as a PrecisionUpdate; the arrays live in *storage (freed by map_free). */
+typedef struct map_storage {
+    Prism__V1__BlockPrecision *blocks;
+    Prism__V1__BlockPrecision **ptrs;
+} map_storage;
+
+static bool map_build(const prismd_job *job, Prism__V1__PrecisionUpdate *u, map_storage *st)
+{
+    prism__v1__precision_update__init(u);
+    size_t n = prism_policy_block_count(job->policy);
+    st->blocks = calloc(n ? n : 1, sizeof *st->blocks);
+    st->ptrs = calloc(n ? n : 1, sizeof *st->ptrs);
+    if (!st->blocks || !st->ptrs)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const prism_block_view *v = prism_policy_block(job->policy, i);
+        Prism__V1__BlockPrecision *b = &st->blocks[i];
+        prism__v1__block_precision__init(b);
+        b->block_id = v->id;
+        b->precision = wire_precision(v->precision);
+        b->reason = (Prism__V1__SwitchReason)v->reason;
+        b->last_switch_step = v->has_switch ? v->last_switch_step : 0;
+        if (v->has_score) {
+            b->optional_sensitivity_case = PRISM__V1__BLOCK_PRECISION__OPTIONAL_SENSITIVITY_SENSITIVITY;
+            b->sensitivity = v->sensitivity;
+        }
+        st->ptrs[i] = b;
+    }
+    u->job_id = (char *)job->id;
+    u->map_version = prism_policy_map_version(job->policy);
+    u->decided_step = job->decided_step;
+    u->effective_step = job->effective_step;
+    u->full = true;
+    u->n_blocks = n;
+    u->blocks = st->ptrs;
+    return true;
+}
+
+static void map_free(map_storage *st)
+{
+    free(st->blocks);
+    free(st->ptrs);
+}
+
+static uint8_t *pack_service(const Prism__V1__ServiceMessage *m, size_t *len)
+{
+    *len = prism__v1__service_message__get_packed_size(m);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    if (buf)
+        prism__v1__service_message__pack(m, buf);
+    return buf;
+}
+
+static void send_error(prismd_stream *s, int code, const char *message)
+{
+    Prism__V1__Error e = PRISM__V1__ERROR__INIT;
+    e.code = (uint32_t)code;
+    e.message = (char *)message;
+    Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
+    m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_ERROR;
+    m.error = &e;
+    size_t len;
+    uint8_t *buf = pack_service(&m, &len);
+    if (buf)
+        prismd_stream_send(s, buf, len);
+    free(buf);
+}
+
+/* Sends the job's current map to every agent (as a ServiceMessage) and watcher (as a bare
+ * PrecisionUpdate). */
+static void broadcast_map(prismd_jobs *j, prismd_job *job)
+{
+    Prism__V1__PrecisionUpdate u;
+    map_storage st;
+    if (!map_build(job, &u, &st)) {
+        map_free(&st);
+        prismd_log(PRISMD_LOG_ERROR, "out of memory building a map", "job", job->id, LOG_END);
+        return;
+    }
+    Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
+    m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_UPDATE;
+    m.update = &u;
+    size_t len;
+    uint8_t *buf = pack_service(&m, &len);
+    for (size_t i = 0; buf && i < job->nagents; i++) {
+        prismd_stream_send(job->agents[i].stream, buf, len);
+        j->counters.updates_sent++;
+    }
+    free(buf);
+    if (job->nwatchers) {
+        size_t ulen = prism__v1__precision_update__get_packed_size(&u);
+        uint8_t *ubuf = malloc(ulen ? ulen : 1);
+        if (ubuf) {
+            prism__v1__precision_update__pack(&u, ubuf);
+            for (size_t i = 0; i < job->nwatchers; i++)
+                prismd_stream_send(job->watchers[i], ubuf, ulen);
+        }
+        free(ubuf);
+    }
+    map_free(&st);
+}
+
+static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p)
+{
+    prism__v1__policy_config__init(p);
+    p->enabled = c->enabled;
+    p->mode = c->mode == PRISM_MODE_OFF      ? PRISM__V1__POLICY_MODE__MODE_OFF
+              : c->mode == PRISM_MODE_STATIC ? PRISM__V1__POLICY_MODE__MODE_STATIC
+                                             : PRISM__V1__POLICY_MODE__MODE_DYNAMIC;
+    p->bf16_threshold = c->bf16_threshold;
+    p->int8_threshold = c->int8_threshold;
+    p->ambiguous_default = c->ambiguous_default == PRISM_AMBIGUOUS_LOW ? PRISM__V1__AMBIGUOUS_DEFAULT__AMBIGUOUS_LOW
+                                                                        : PRISM__V1__AMBIGUOUS_DEFAULT__AMBIGUOUS_BF16;
+    p->hysteresis_margin = c->hysteresis_margin;
+    p->grad_weight = c->grad_weight;
+    p->error_weight = c->error_weight;
+    p->grad_sensitivity_threshold = c->grad_sensitivity_threshold;
+    p->run_calibration = c->run_calibration;
+    p->calibration_samples = (uint32_t)c->calibration_samples;
+    p->quant_error_threshold = c->quant_error_threshold;
+    p->warmup_steps = (uint32_t)c->warmup_steps;
+    p->history_window = (uint32_t)c->history_window;
+    p->update_interval_steps = (uint32_t)c->update_interval_steps;
+    p->min_steps_between_switches = (uint32_t)c->min_steps_between_switches;
+    p->n_force_bf16_blocks = c->force_bf16_blocks.count;
+    p->force_bf16_blocks = c->force_bf16_blocks.ids;
+    p->n_force_int8_blocks = c->force_int8_blocks.count;
+    p->force_int8_blocks = c->force_int8_blocks.ids;
+    p->log_decisions = c->log_decisions;
+    p->telemetry_enabled = c->telemetry_enabled;
+    p->telemetry_file = c->telemetry_file;
+    p->low_precision = wire_precision(c->low_precision);
+    p->apply_lag_steps = (uint32_t)c->apply_lag_steps;
+    p->step_timeout_ms = (uint32_t)c->step_timeout_ms;
+    p->world_size = (uint32_t)c->world_size;
+}
+
+static void send_welcome(prismd_job *job, prismd_stream *s)
+{
+    Prism__V1__PolicyConfig cfg;
+    fill_policy_config(prism_policy_config(job->policy), &cfg);
+    Prism__V1__PrecisionUpdate u;
+    map_storage st;
+    if (!map_build(job, &u, &st)) {
+        map_free(&st);
+        send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    Prism__V1__Welcome w = PRISM__V1__WELCOME__INIT;
+    w.config = &cfg;
+    w.map = &u;
+    w.calibration_needed = cfg.run_calibration && !job->calibrated;
+    Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
+    m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_WELCOME;
+    m.welcome = &w;
+    size_t len;
+    uint8_t *buf = pack_service(&m, &len);
+    if (buf)
+        prismd_stream_send(s, buf, len);
+    free(buf);
+    map_free(&st);
+}
+
+/* ---- messages in ---- */
+
+static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__Hello *h,
+                     prismd_status *end)
+{
+    if (peer->job)
+        return fail(end, GRPC_STATUS_FAILED_PRECONDITION, "a second Hello on one stream");
+    if (!h->job_id || !valid_job_id(h->job_id))
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT,
+                    "hello.job_id: 1 to %d characters of letters, digits, '-', '_' or '.'", JOB_ID_MAX);
+    const char *token = peer->auth ? peer->auth : (h->token && h->token[0] ? h->token : NULL);
+    prismd_job *job = find_job(j, h->job_id);
+    if (!job) {
+        if (!j->limits.auto_create)
+            return fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", h->job_id);
+        uint32_t world = j->defaults.world_size ? (uint32_t)j->defaults.world_size : h->world_size;
+        if (world == 0 || world > 1000000)
+            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.world_size: %u is not from 1 to 1000000",
+                        h->world_size);
+        if (!(job = create_job(j, h->job_id, world, token, end)))
+            return false;
+    } else if (!authorized(job, token)) {
+        return fail(end, GRPC_STATUS_PERMISSION_DENIED, "job %s: wrong or missing token", h->job_id);
+    }
+    if (h->world_size && h->world_size != job->world_size)
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.world_size: %u, but job %s has %u ranks",
+                    h->world_size, job->id, job->world_size);
+    if (h->rank >= job->world_size)
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.rank: %u is not below the world size %u", h->rank,
+                    job->world_size);
+    if (h->layout) {
+        if (h->layout->n_blocks > j->limits.max_blocks)
+            return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %zu blocks, the limit is %zu",
+                        h->layout->n_blocks, j->limits.max_blocks);
+        prism_error err;
+        for (size_t i = 0; i < h->layout->n_blocks; i++)
+            if (prism_policy_set_block_bytes(job->policy, h->layout->blocks[i]->id,
+                                             h->layout->blocks[i]->param_bytes_bf16, &err))
+                return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %s", err.message);
+    }
+    if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents))
+        return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    job->agents[job->nagents++] = (agent){s, h->rank};
+    peer->job = job;
+    peer->rank = h->rank;
+    char rank[16];
+    snprintf(rank, sizeof rank, "%u", h->rank);
+    prismd_log(PRISMD_LOG_INFO, "agent connected", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
+               LOG_END);
+    send_welcome(job, s);
+    return true;
+}
+
+/* Hands every ready merged step to the policy and pushes a changed map. */
+static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
+{
+    prism_merged_step m;
+    while (prism_merger_next(job->merger, now_ms, &m)) {
+        prism_step_result r;
+        prism_error err;
+        if (prism_policy_add_step(job->policy, m.step, m.blocks, m.count, &r, &err)) {
+            prismd_log(PRISMD_LOG_ERROR, "step refused by the policy", "job", job->id, "error", err.message,
+                       LOG_END);
+            continue;
+        }
+        if (r.decided)
+            j->counters.decisions++;
+        if (r.map_changed) {
+            job->decided_step = r.decided_step;
+            job->effective_step = r.effective_step;
+            broadcast_map(j, job);
+        }
+    }
+}
+
+static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__StepReport *r,
+                           int64_t now_ms)
+{
+    prismd_job *job = peer->job;
+    prism_block_stats *blocks = malloc((r->n_blocks ? r->n_blocks : 1) * sizeof *blocks);
+    if (!blocks) {
+        send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < r->n_blocks; i++) {
+        const Prism__V1__BlockGradStats *b = r->blocks[i];
+        blocks[i] = (prism_block_stats){b->block_id, b->l2_norm, b->max_abs, b->mean, b->variance, b->numel,
+                                        b->nonfinite};
+    }
+    bool has_loss = r->optional_loss_case == PRISM__V1__STEP_REPORT__OPTIONAL_LOSS_LOSS;
+    prism_merge_outcome outcome;
+    prism_error err;
+    prism_status st = prism_merger_add(job->merger, peer->rank, r->step, has_loss, has_loss ? r->loss : 0.0, blocks,
+                                       r->n_blocks, now_ms, &outcome, &err);
+    free(blocks);
+    if (st) {
+        j->counters.reports_rejected++;
+        char message[600];
+        snprintf(message, sizeof message, "step_report %llu: %s", (unsigned long long)r->step, err.message);
+        send_error(s, st == PRISM_ERR_LIMIT ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
+                   message);
+        return;
+    }
+    if (outcome == PRISM_MERGE_DROPPED_LATE) {
+        j->counters.reports_dropped_late++;
+        return;
+    }
+    if (outcome == PRISM_MERGE_DROPPED_DUPLICATE) {
+        j->counters.reports_dropped_repeated++;
+        return;
+    }
+    j->counters.reports_accepted++;
+    j->counters.block_records += r->n_blocks;
+    drain_steps(j, job, now_ms);
+}
+
+static void on_calibration(prismd_stream *s, prismd_peer *peer, const Prism__V1__CalibrationReport *c)
+{
+    prism_error err;
+    for (size_t i = 0; i < c->n_errors; i++) {
+        if (prism_policy_set_calibration(peer->job->policy, (prism_precision)c->format, c->errors[i]->block_id,
+                                         c->errors[i]->relative_error, &err)) {
+            send_error(s, GRPC_STATUS_INVALID_ARGUMENT, err.message);
+            return;
+        }
+    }
+    peer->job->calibrated = true;
+}
+
+bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *data,
+                               size_t len, int64_t now_ms, prismd_status *end)
+{
+    Prism__V1__AgentMessage *m = prism__v1__agent_message__unpack(NULL, len, data);
+    if (!m)
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "a message that is not a prism.v1.AgentMessage");
+    bool ok = true;
+    if (m->kind_case == PRISM__V1__AGENT_MESSAGE__KIND_HELLO) {
+        ok = on_hello(j, s, peer, m->hello, end);
+    } else if (!peer->job) {
+        ok = fail(end, GRPC_STATUS_FAILED_PRECONDITION, "the first message of a stream must be a Hello");
+    } else {
+        switch (m->kind_case) {
+        case PRISM__V1__AGENT_MESSAGE__KIND_STEP_REPORT: on_step_report(j, s, peer, m->step_report, now_ms); break;
+        case PRISM__V1__AGENT_MESSAGE__KIND_CALIBRATION: on_calibration(s, peer, m->calibration); break;
+        case PRISM__V1__AGENT_MESSAGE__KIND_ACK:
+            peer->job->acks[peer->rank] = (rank_ack){true, m->ack->map_version, m->ack->applied_step};
+            break;
+        case PRISM__V1__AGENT_MESSAGE__KIND_HEARTBEAT: break;
+        default: send_error(s, GRPC_STATUS_INVALID_ARGUMENT, "an AgentMessage with no kind set"); break;
+        }
+    }
+    prism__v1__agent_message__free_unpacked(m, NULL);
+    return ok;
+}
+
+void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer)
+{
+    (void)j;
+    prismd_job *job = peer->job;
+    if (!job)
+        return;
+    for (size_t i = 0; i < job->nagents; i++) {
+        if (job->agents[i].stream == s) {
+            job->agents[i] = job->agents[--job->nagents];
+            char rank[16];
+            snprintf(rank, sizeof rank, "%u", peer->rank);
+            prismd_log(PRISMD_LOG_INFO, "agent disconnected", "job", job->id, "rank", rank, LOG_END);
+            break;
+        }
+    }
+    for (size_t i = 0; i < job->nwatchers; i++) {
+        if (job->watchers[i] == s) {
+            job->watchers[i] = job->watchers[--job->nwatchers];
+            break;
+        }
+    }
+    peer->job = NULL;
+}
+
+bool prismd_jobs_get_block_map(prismd_jobs *j, const char *auth, const uint8_t *req, size_t len, uint8_t **out,
+                               size_t *out_len, prismd_status *end)
+{
+    Prism__V1__BlockMapRequest *r = prism__v1__block_map_request__unpack(NULL, len, req);
+    if (!r)
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "a request that is not a prism.v1.BlockMapRequest");
+    prismd_job *job = find_job(j, r->job_id ? r->job_id : "");
+    bool ok = false;
+    if (!job) {
+        fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", r->job_id ? r->job_id : "");
+    } else if (!authorized(job, auth)) {
+        fail(end, GRPC_STATUS_PERMISSION_DENIED, "job %s: wrong or missing token", job->id);
+    } else {
+        Prism__V1__PrecisionUpdate u;
+        map_storage st;
+        if (map_build(job, &u, &st)) {
+            Prism__V1__BlockMap m = PRISM__V1__BLOCK_MAP__INIT;
+            m.job_id = job->id;
+            m.map_version = u.map_version;
+            m.decided_step = u.decided_step;
+            m.effective_step = u.effective_step;
+            m.n_blocks = u.n_blocks;
+            m.blocks = u.blocks;
+            *out_len = prism__v1__block_map__get_packed_size(&m);
+            *out = malloc(*out_len ? *out_len : 1);
+            if (*out) {
+                prism__v1__block_map__pack(&m, *out);
+                ok = true;
+            }
+        }
+        map_free(&st);
+        if (!ok)
+            fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    prism__v1__block_map_request__free_unpacked(r, NULL);
+    return ok;
+}
+
+bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *req, size_t len,
+                       prismd_status *end)
+{
+    Prism__V1__WatchRequest *r = prism__v1__watch_request__unpack(NULL, len, req);
+    if (!r)
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "a request that is not a prism.v1.WatchRequest");
+    prismd_job *job = find_job(j, r->job_id ? r->job_id : "");
+    bool ok = false;
+    if (!job) {
+        fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", r->job_id ? r->job_id : "");
+    } else if (!authorized(job, peer->auth)) {
+        fail(end, GRPC_STATUS_PERMISSION_DENIED, "job %s: wrong or missing token", job->id);
+    } else if (!grow((void **)&job->watchers, &job->cap_watchers, job->nwatchers + 1, sizeof *job->watchers)) {
+        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        job->watchers[job->nwatchers++] = s;
+        peer->job = job;
+        peer->watcher = true;
+        ok = true;
+        if (prism_policy_map_version(job->policy) > r->after_version) {
+            Prism__V1__PrecisionUpdate u;
+            map_storage st;
+            if (map_build(job, &u, &st)) {
+                size_t ulen = prism__v1__precision_update__get_packed_size(&u);
+                uint8_t *ubuf = malloc(ulen ? ulen : 1);
+                if (ubuf) {
+                    prism__v1__precision_update__pack(&u, ubuf);
+                    prismd_stream_send(s, ubuf, ulen);
+                }
+                free(ubuf);
+            }
+            map_free(&st);
+        }
+    }
+    prism__v1__watch_request__free_unpacked(r, NULL);
+    return ok;
+}
+
+int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
+{
+    int64_t next = -1;
+    for (size_t i = 0; i < j->njobs; i++) {
+        prismd_job *job = j->jobs[i];
+        drain_steps(j, job, now_ms);
+        int64_t wait = prism_merger_wait_ms(job->merger, now_ms);
+        if (wait >= 0 && (next < 0 || wait < next))
+            next = wait;
+    }
+    return next;
+}
+
+void prismd_jobs_for_each_stream(prismd_jobs *j, void (*fn)(prismd_stream *s, void *ctx), void *ctx)
+{
+    for (size_t i = 0; i < j->njobs; i++) {
+        prismd_job *job = j->jobs[i];
+        for (size_t k = 0; k < job->nagents; k++)
+            fn(job->agents[k].stream, ctx);
+        for (size_t k = 0; k < job->nwatchers; k++)
+            fn(job->watchers[k], ctx);
+    }
+}

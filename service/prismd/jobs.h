@@ -1,0 +1,74 @@
+/* prismd's jobs: every job's policy, rank merge, agents and watchers, owned by the policy thread
+ * alone (DESIGN 7). The gRPC layer (rpc.c) hands it decoded requests and gets back bytes to
+ * send or a status to end a call with; nothing here knows about completion queues. */
+#ifndef PRISMD_JOBS_H
+#define PRISMD_JOBS_H
+
+#include "config.h"
+#include "prism/common.h"
+
+typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, rpc.c */
+typedef struct prismd_job prismd_job;
+typedef struct prismd_jobs prismd_jobs;
+
+/* Queues one packed ServiceMessage (Connect) or PrecisionUpdate (Watch) on a stream; rpc.c. */
+void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len);
+
+/* What a call is bound to, kept by rpc.c inside its call state. */
+typedef struct prismd_peer {
+    prismd_job *job;  /* NULL until Hello (Connect) or the request (Watch) */
+    uint32_t rank;    /* Connect: the Hello's rank */
+    bool watcher;
+    char *auth;       /* the bearer token of the call's metadata, or NULL; owned by rpc.c */
+} prismd_peer;
+
+/* A gRPC status code (0: OK) and its message, to end a call with. */
+typedef struct prismd_status {
+    int code;
+    char message[256];
+} prismd_status;
+
+typedef struct prismd_jobs_limits {
+    size_t max_jobs;
+    size_t max_blocks;   /* per job */
+    bool auto_create;    /* a Hello for an unknown job creates it; false: NOT_FOUND */
+} prismd_jobs_limits;
+
+typedef struct prismd_jobs_counters {
+    uint64_t reports_accepted;
+    uint64_t reports_rejected;   /* malformed: answered with an Error message */
+    uint64_t reports_dropped_late;
+    uint64_t reports_dropped_repeated;
+    uint64_t block_records;
+    uint64_t decisions;
+    uint64_t updates_sent;
+} prismd_jobs_counters;
+
+prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prism_error *err);
+void prismd_jobs_destroy(prismd_jobs *j);
+
+/* One AgentMessage of a Connect stream. Returns false, with *end filled, when the stream must
+ * end (no Hello first, unknown job, wrong token, a Hello that does not fit the job). */
+bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *data,
+                               size_t len, int64_t now_ms, prismd_status *end);
+
+/* A Connect or Watch stream is gone: forget it. */
+void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer);
+
+/* GetBlockMap: on success *out is a packed BlockMap (caller frees); else *end says why. */
+bool prismd_jobs_get_block_map(prismd_jobs *j, const char *auth, const uint8_t *req, size_t len, uint8_t **out,
+                               size_t *out_len, prismd_status *end);
+
+/* Watch: binds s to the job and queues the current map when it is newer than after_version. */
+bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *req, size_t len,
+                       prismd_status *end);
+
+/* Completes steps whose timeout passed; returns milliseconds until the next one may (-1: none). */
+int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms);
+
+/* Ends every stream of every job (shutdown). */
+void prismd_jobs_for_each_stream(prismd_jobs *j, void (*fn)(prismd_stream *s, void *ctx), void *ctx);
+
+const prismd_jobs_counters *prismd_jobs_counters_get(const prismd_jobs *j);
+
+#endif

@@ -1,0 +1,334 @@
+#!/usr/bin/python3
+"""prismd's gRPC service end to end, driven by a client that is not ours: Python grpcio with
+message classes that protoc generated from proto/prism/v1/prism.proto at build time.
+
+Starts the real prismd on free loopback ports with a scratch data dir. Every wait is bounded
+(WAIT_S) and every loop is bounded in count; prismd is stopped in every path."""
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+BUILD = os.environ.get("PRISM_BUILD_DIR", "build")
+sys.path.insert(0, os.path.join(BUILD, "python-gen"))
+
+import grpc  # noqa: E402
+from prism.v1 import prism_pb2 as pb  # noqa: E402
+
+WAIT_S = 10
+CONFIG = {"warmup_steps": 2, "update_interval_steps": 2, "history_window": 2, "apply_lag_steps": 3,
+          "min_steps_between_switches": 0}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prismd:
+    """The real prismd on free loopback ports."""
+
+    def __init__(self, *extra):
+        self.dir = tempfile.mkdtemp(prefix="prism-grpc-test-")
+        config = os.path.join(self.dir, "config.json")
+        with open(config, "w") as f:
+            json.dump(CONFIG, f)
+        self.grpc_addr = "127.0.0.1:%d" % free_port()
+        self.log = open(os.path.join(self.dir, "prismd.log"), "w+")
+        self.proc = subprocess.Popen(
+            [os.path.join(BUILD, "service", "prismd"), "--grpc-listen", self.grpc_addr,
+             "--http-listen", "127.0.0.1:%d" % free_port(), "--data-dir", os.path.join(self.dir, "data"),
+             "--config", config, *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.channel = grpc.insecure_channel(self.grpc_addr)
+        grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
+
+    def stop(self):
+        """Stops prismd (SIGTERM), removes its files and returns its exit status."""
+        self.channel.close()
+        code = self.proc.poll()
+        if code is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout=WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self.log.closed:
+            self.last_log = self.logs()
+            self.log.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return code
+
+    def logs(self):
+        if self.log.closed:
+            return self.last_log
+        self.log.seek(0)
+        return self.log.read()
+
+
+class Agent:
+    """One rank's Connect stream: messages go in through a queue, replies come back in order."""
+
+    def __init__(self, prismd, token=None):
+        self.outbox = queue.Queue()
+        connect = prismd.channel.stream_stream(
+            "/prism.v1.PolicyService/Connect",
+            request_serializer=pb.AgentMessage.SerializeToString,
+            response_deserializer=pb.ServiceMessage.FromString)
+        metadata = [("authorization", "Bearer " + token)] if token else None
+        self.replies = connect(self._requests(), metadata=metadata, timeout=60)
+        self.inbox = queue.Queue()
+        self.done = None
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _requests(self):
+        for _ in range(100000):
+            m = self.outbox.get()
+            if m is None:
+                return
+            yield m
+
+    def _read(self):
+        try:
+            for m in self.replies:
+                self.inbox.put(m)
+        except grpc.RpcError as e:
+            self.done = e
+        self.inbox.put(None)
+
+    def send(self, **kind):
+        self.outbox.put(pb.AgentMessage(**kind))
+
+    def hello(self, job, rank, world_size):
+        self.send(hello=pb.Hello(job_id=job, rank=rank, world_size=world_size, node="node-%d" % rank))
+
+    def step(self, step, norms):
+        self.send(step_report=pb.StepReport(step=step, blocks=[
+            pb.BlockGradStats(block_id=i, l2_norm=n, max_abs=1.0, numel=100) for i, n in enumerate(norms)]))
+
+    def next(self):
+        m = self.inbox.get(timeout=WAIT_S)
+        if m is None:
+            raise EOFError(self.done)
+        return m
+
+    def status(self):
+        """Waits for the stream to end and returns its gRPC status code."""
+        for _ in range(1000):
+            if self.inbox.get(timeout=WAIT_S) is None:
+                break
+        return self.done.code() if self.done else grpc.StatusCode.OK
+
+    def close(self):
+        self.outbox.put(None)
+
+
+def block_map(prismd, job, token=None):
+    get = prismd.channel.unary_unary("/prism.v1.PolicyService/GetBlockMap",
+                                     request_serializer=pb.BlockMapRequest.SerializeToString,
+                                     response_deserializer=pb.BlockMap.FromString)
+    metadata = [("authorization", "Bearer " + token)] if token else None
+    return get(pb.BlockMapRequest(job_id=job), metadata=metadata, timeout=WAIT_S)
+
+
+def precisions(blocks):
+    return [(b.block_id, b.precision) for b in blocks]
+
+
+class GrpcTest(unittest.TestCase):
+    def setUp(self):
+        self.prismd = Prismd()
+        self.agents = []
+
+    def tearDown(self):
+        for a in self.agents:
+            a.close()
+        code = self.prismd.stop()
+        self.assertEqual(code, 0, self.prismd.logs())
+
+    def agent(self, token=None):
+        a = Agent(self.prismd, token)
+        self.agents.append(a)
+        return a
+
+    def test_two_jobs_every_rank_gets_each_update_with_the_same_effective_step(self):
+        jobs = {"job-a": ("tok-a", [(2.0, 1.0), (4.0, 1.0)]),   # merged norms 3 and 1
+                "job-b": ("tok-b", [(1.0, 2.0), (1.0, 4.0)])}   # merged norms 1 and 3
+        ranks = {}
+        for job, (token, _) in jobs.items():
+            ranks[job] = [self.agent(token) for _ in range(2)]
+            for rank, a in enumerate(ranks[job]):
+                a.hello(job, rank, 2)
+                w = a.next()
+                self.assertEqual(w.WhichOneof("kind"), "welcome")
+                self.assertEqual(w.welcome.config.warmup_steps, 2)
+                self.assertEqual(w.welcome.config.apply_lag_steps, 3)
+                self.assertEqual(w.welcome.map.map_version, 0)
+                self.assertEqual(len(w.welcome.map.blocks), 0)
+        for step in (1, 2):
+            for job, (_, norms) in jobs.items():
+                for rank, a in enumerate(ranks[job]):
+                    a.step(step, norms[rank])
+        # Step 2 is the first decision: rel 1.5 / 0.5, grad scores 0.75 / 0.25.
+        expected = {"job-a": [(0, pb.BF16), (1, pb.INT8)], "job-b": [(0, pb.INT8), (1, pb.BF16)]}
+        for job in jobs:
+            updates = [a.next() for a in ranks[job]]
+            for u in updates:
+                self.assertEqual(u.WhichOneof("kind"), "update")
+                self.assertEqual(u.update.job_id, job)
+                self.assertEqual(u.update.map_version, 1)
+                self.assertEqual(u.update.decided_step, 2)
+                self.assertEqual(u.update.effective_step, 5)
+                self.assertTrue(u.update.full)
+                self.assertEqual(precisions(u.update.blocks), expected[job])
+            self.assertEqual(updates[0].update, updates[1].update)
+            m = block_map(self.prismd, job, jobs[job][0])
+            self.assertEqual((m.job_id, m.map_version, m.decided_step, m.effective_step), (job, 1, 2, 5))
+            self.assertEqual(precisions(m.blocks), expected[job])
+            self.assertEqual(m.blocks[0].sensitivity, 0.75 if job == "job-a" else 0.25)
+            self.assertEqual(m.blocks[0].reason, pb.REASON_NONE if job == "job-a" else pb.REASON_SCORE)
+
+    def test_a_step_completes_on_its_timeout_when_a_rank_is_missing(self):
+        self.prismd.stop()
+        CONFIG["step_timeout_ms"] = 300
+        try:
+            self.prismd = Prismd()
+        finally:
+            del CONFIG["step_timeout_ms"]
+        a = self.agent()
+        a.hello("job-t", 0, 2)
+        a.next()
+        a.step(1, (3.0, 1.0))
+        started = time.monotonic()
+        a.step(2, (3.0, 1.0))
+        u = a.next()  # rank 1 never reports: step 2 completes after 300 ms
+        self.assertGreaterEqual(time.monotonic() - started, 0.25)
+        self.assertEqual(u.update.decided_step, 2)
+        self.assertEqual(precisions(u.update.blocks), [(0, pb.BF16), (1, pb.INT8)])
+
+    def test_wrong_token_is_permission_denied(self):
+        a = self.agent("right")
+        a.hello("job-x", 0, 1)
+        a.next()
+        b = self.agent("wrong")
+        b.hello("job-x", 0, 1)
+        self.assertEqual(b.status(), grpc.StatusCode.PERMISSION_DENIED)
+        with self.assertRaises(grpc.RpcError) as e:
+            block_map(self.prismd, "job-x", "wrong")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        with self.assertRaises(grpc.RpcError) as e:
+            block_map(self.prismd, "job-x")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(block_map(self.prismd, "job-x", "right").job_id, "job-x")
+
+    def test_unknown_job_is_not_found(self):
+        with self.assertRaises(grpc.RpcError) as e:
+            block_map(self.prismd, "no-such-job")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("no-such-job", e.exception.details())
+
+    def test_unknown_job_without_auto_create_is_not_found(self):
+        self.prismd.stop()
+        self.prismd = Prismd("--auto-create", "false")
+        a = self.agent()
+        a.hello("job-new", 0, 1)
+        self.assertEqual(a.status(), grpc.StatusCode.NOT_FOUND)
+
+    def test_report_before_hello_is_failed_precondition(self):
+        a = self.agent()
+        a.step(1, (1.0,))
+        self.assertEqual(a.status(), grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_bad_hello_is_invalid_argument(self):
+        cases = [dict(job_id="", rank=0, world_size=1), dict(job_id="a b", rank=0, world_size=1),
+                 dict(job_id="j", rank=2, world_size=2), dict(job_id="j0", rank=0, world_size=0)]
+        for hello in cases:
+            a = self.agent()
+            a.send(hello=pb.Hello(**hello))
+            self.assertEqual(a.status(), grpc.StatusCode.INVALID_ARGUMENT, hello)
+
+    def test_malformed_report_gets_an_error_and_the_stream_goes_on(self):
+        a = self.agent()
+        a.hello("job-m", 0, 1)
+        a.next()
+        a.send(step_report=pb.StepReport(step=1, blocks=[
+            pb.BlockGradStats(block_id=0, l2_norm=-1.0, max_abs=1.0, numel=4)]))
+        e = a.next()
+        self.assertEqual(e.WhichOneof("kind"), "error")
+        self.assertEqual(e.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertIn("l2_norm -1 is negative", e.error.message)
+        a.send(step_report=pb.StepReport(step=1, blocks=[
+            pb.BlockGradStats(block_id=0, l2_norm=1.0, max_abs=1.0, numel=4),
+            pb.BlockGradStats(block_id=0, l2_norm=1.0, max_abs=1.0, numel=4)]))
+        e = a.next()
+        self.assertIn("block 0 appears twice", e.error.message)
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        self.assertEqual(a.next().update.map_version, 1)
+
+    def test_oversized_message_is_resource_exhausted(self):
+        self.prismd.stop()
+        self.prismd = Prismd("--max-message-bytes", "2048")
+        a = self.agent()
+        a.hello("job-big", 0, 1)
+        a.next()
+        a.step(1, [1.0] * 200)  # about 6 KB
+        self.assertEqual(a.status(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+    def test_too_many_blocks_is_refused_with_an_error(self):
+        self.prismd.stop()
+        self.prismd = Prismd("--max-blocks", "3")
+        a = self.agent()
+        a.hello("job-n", 0, 1)
+        a.next()
+        a.step(1, (1.0, 1.0, 1.0, 1.0))
+        e = a.next()
+        self.assertEqual(e.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+        self.assertIn("limit", e.error.message)
+
+    def test_watch_gets_the_current_map_then_each_update(self):
+        a = self.agent()
+        a.hello("job-w", 0, 1)
+        a.next()
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        self.assertEqual(a.next().update.map_version, 1)
+        watch = self.prismd.channel.unary_stream("/prism.v1.PolicyService/Watch",
+                                                 request_serializer=pb.WatchRequest.SerializeToString,
+                                                 response_deserializer=pb.PrecisionUpdate.FromString)
+        updates = watch(pb.WatchRequest(job_id="job-w", after_version=0), timeout=WAIT_S)
+        first = next(updates)
+        self.assertEqual((first.map_version, first.decided_step), (1, 2))
+        # Block 1 turns sensitive: rel 1.5 fills its window, s = 0.75 >= 0.6 takes it back to
+        # bf16 at step 4; block 0 (s = 0.25, not below 0.3 - 0.1) stays bf16.
+        a.step(3, (1.0, 3.0))
+        a.step(4, (1.0, 3.0))
+        self.assertEqual(a.next().update.map_version, 2)
+        second = next(updates)
+        self.assertEqual((second.map_version, second.decided_step, second.effective_step), (2, 4, 7))
+        self.assertEqual(precisions(second.blocks), [(0, pb.BF16), (1, pb.BF16)])
+        updates.cancel()
+
+    def test_sigterm_ends_streams_with_unavailable_and_exits_0(self):
+        a = self.agent()
+        a.hello("job-s", 0, 1)
+        a.next()
+        self.prismd.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(a.status(), grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(self.prismd.proc.wait(timeout=WAIT_S), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
