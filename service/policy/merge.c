@@ -400,6 +400,14 @@ bool prism_merger_next(prism_merger *m, int64_t now_ms, prism_merged_step *out)
     return true;
 }
 
+void prism_merger_skip_to(prism_merger *m, uint64_t step)
+{
+    if (!m->has_last_out || step > m->last_out) {
+        m->has_last_out = true;
+        m->last_out = step;
+    }
+}
+
 void prism_merger_close_all(prism_merger *m)
 {
     for (size_t i = 0; i < m->nopen; i++)

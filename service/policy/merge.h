@@ -52,6 +52,10 @@ prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, boo
                               const prism_block_stats *blocks, size_t count, int64_t now_ms,
                               prism_merge_outcome *outcome, prism_error *err);
 
+/* Treats every step up to and including step as handed out (after a restart: the steps the
+ * saved state already holds). Later reports for them are dropped as late. */
+void prism_merger_skip_to(prism_merger *m, uint64_t step);
+
 /* Hands out the oldest ready step, if any. */
 bool prism_merger_next(prism_merger *m, int64_t now_ms, prism_merged_step *out);
 

@@ -573,3 +573,60 @@ const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t 
         return NULL;
     return &p->blocks[s].view;
 }
+
+void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out)
+{
+    out->steps_collected = p->collected;
+    out->has_last_step = p->has_last_step;
+    out->last_step = p->last_step;
+    out->map_version = p->map_version;
+}
+
+void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_record *out)
+{
+    const block *b = &p->blocks[p->order[index]];
+    out->view = b->view;
+    out->assigned = b->assigned;
+    memcpy(out->calibration, b->calibration, sizeof out->calibration);
+    const double *w = p->windows + (size_t)p->order[index] * p->stride;
+    out->window_len = b->win_len;
+    for (uint32_t i = 0; i < b->win_len; i++)
+        out->window[i] = w[(b->win_head + i) % p->stride];
+}
+
+prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *progress,
+                                  const prism_block_record *blocks, size_t count, prism_error *err)
+{
+    if (p->collected || p->nblocks)
+        return prism_error_set(err, PRISM_ERR_STATE, "a policy can only be restored before its first step");
+    prism_status st;
+    for (size_t i = 0; i < count; i++) {
+        const prism_block_record *r = &blocks[i];
+        if ((unsigned)r->view.precision >= PRISM_PRECISION_COUNT || r->window_len > PRISM_WINDOW_MAX)
+            return prism_error_set(err, PRISM_ERR_INVALID, "block %u: saved state is damaged", r->view.id);
+        uint32_t slot;
+        if ((st = slot_of(p, r->view.id, &slot, err)))
+            return st;
+        block *b = &p->blocks[slot];
+        if (b->reported)
+            return prism_error_set(err, PRISM_ERR_INVALID, "block %u is saved twice", r->view.id);
+        b->view = r->view;
+        b->view.has_score = false; /* scores are recomputed at the next decision */
+        b->reported = true;
+        b->assigned = r->assigned;
+        memcpy(b->calibration, r->calibration, sizeof b->calibration);
+        uint32_t keep = r->window_len < p->stride ? r->window_len : (uint32_t)p->stride;
+        b->win_len = 0;
+        b->win_head = 0;
+        for (uint32_t k = r->window_len - keep; k < r->window_len; k++)
+            window_push(p, slot, r->window[k]);
+    }
+    p->order_dirty = true;
+    if ((st = refresh_order(p, err)))
+        return st;
+    p->collected = progress->steps_collected;
+    p->has_last_step = progress->has_last_step;
+    p->last_step = progress->last_step;
+    p->map_version = progress->map_version;
+    return PRISM_OK;
+}

@@ -123,4 +123,36 @@ const prism_block_view *prism_policy_block(const prism_policy *p, size_t index);
 /* One block by id, or NULL when it was never reported. */
 const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t block_id);
 
+/* ---- saving and restoring a job (prismd's store) ----
+ * What a policy must keep across a restart: its progress, and per block the view, whether the
+ * score has placed it yet, its calibration errors and its window (oldest value first). */
+
+typedef struct prism_policy_progress {
+    uint64_t steps_collected;
+    bool has_last_step;
+    uint64_t last_step;
+    uint64_t map_version;
+} prism_policy_progress;
+
+#define PRISM_WINDOW_MAX 1000 /* history_window's upper bound (config.c) */
+
+typedef struct prism_block_record {
+    prism_block_view view;
+    bool assigned;
+    double calibration[PRISM_PRECISION_COUNT]; /* NaN: not known */
+    uint32_t window_len;
+    double *window; /* prism_policy_block_record fills the caller's PRISM_WINDOW_MAX doubles here */
+} prism_block_record;
+
+void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out);
+
+/* The record of the block at index (ascending id order, as prism_policy_block); out->window
+ * must point to room for PRISM_WINDOW_MAX doubles. */
+void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_record *out);
+
+/* Puts a saved state into a policy that has seen no step yet. Windows longer than the config's
+ * history_window keep their newest values. */
+prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *progress,
+                                  const prism_block_record *blocks, size_t count, prism_error *err);
+
 #endif

@@ -36,6 +36,8 @@ struct prismd_job {
     uint64_t decided_step;  /* of the current map */
     uint64_t effective_step;
     bool calibrated;
+    uint8_t fingerprint[64]; /* the model's, from the layout of a Hello */
+    size_t fingerprint_len;
     agent *agents;
     size_t nagents, cap_agents;
     prismd_stream **watchers;
@@ -46,6 +48,7 @@ struct prismd_job {
 struct prismd_jobs {
     prism_config defaults;
     prismd_jobs_limits limits;
+    prismd_store *store;
     prismd_job **jobs;
     size_t njobs, cap_jobs;
     prismd_jobs_counters counters;
@@ -63,7 +66,30 @@ static bool fail(prismd_status *end, int code, const char *fmt, ...)
     return false;
 }
 
-prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prism_error *err)
+static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
+                           prism_policy *policy, prismd_status *end);
+
+static bool restore_job(void *ctx, prismd_saved_job *saved)
+{
+    prismd_jobs *j = ctx;
+    prismd_status end;
+    prismd_job *job = job_new(j, saved->id, saved->world_size, saved->token, saved->policy, &end);
+    if (!job)
+        return false;
+    job->decided_step = saved->decided_step;
+    job->effective_step = saved->effective_step;
+    prism_policy_progress progress;
+    prism_policy_progress_get(job->policy, &progress);
+    if (progress.has_last_step)
+        prism_merger_skip_to(job->merger, progress.last_step);
+    char version[24];
+    snprintf(version, sizeof version, "%llu", (unsigned long long)progress.map_version);
+    prismd_log(PRISMD_LOG_INFO, "job restored", "job", job->id, "map_version", version, LOG_END);
+    return true;
+}
+
+prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prismd_store *store,
+                                prism_error *err)
 {
     prismd_jobs *j = calloc(1, sizeof *j);
     if (!j) {
@@ -75,6 +101,11 @@ prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_
         return NULL;
     }
     j->limits = *limits;
+    j->store = store;
+    if (store && prismd_store_load_jobs(store, defaults, restore_job, j, err)) {
+        prismd_jobs_destroy(j);
+        return NULL;
+    }
     return j;
 }
 
@@ -149,24 +180,22 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t size)
     return true;
 }
 
-static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
-                              prismd_status *end)
+/* Adds a job around policy (taken over, also on failure). */
+static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
+                           prism_policy *policy, prismd_status *end)
 {
-    if (j->njobs >= j->limits.max_jobs) {
-        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: prismd already has %zu jobs, its limit", id, j->njobs);
-        return NULL;
-    }
     prism_error err;
     prismd_job *job = calloc(1, sizeof *job);
     if (!job || !grow((void **)&j->jobs, &j->cap_jobs, j->njobs + 1, sizeof *j->jobs)) {
         free(job);
+        prism_policy_destroy(policy);
         fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
     snprintf(job->id, sizeof job->id, "%s", id);
     job->world_size = world_size;
-    job->policy = prism_policy_create(&j->defaults, &err);
-    job->merger = job->policy ? prism_merger_create(world_size, j->defaults.step_timeout_ms, &err) : NULL;
+    job->policy = policy;
+    job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
     job->acks = calloc(world_size, sizeof *job->acks);
     job->token = token && token[0] ? strdup(token) : NULL;
     if (!job->merger || !job->acks || (token && token[0] && !job->token) ||
@@ -176,7 +205,31 @@ static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_siz
         return NULL;
     }
     j->jobs[j->njobs++] = job;
-    prismd_log(PRISMD_LOG_INFO, "job created", "job", id, "token", job->token ? "set" : "none", LOG_END);
+    return job;
+}
+
+static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
+                              prismd_status *end)
+{
+    if (j->njobs >= j->limits.max_jobs) {
+        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: prismd already has %zu jobs, its limit", id, j->njobs);
+        return NULL;
+    }
+    prism_error err;
+    if (j->store && prismd_store_save_job(j->store, id, token && token[0] ? token : NULL, world_size, &j->defaults,
+                                          &err)) {
+        prismd_log(PRISMD_LOG_ERROR, "cannot save a new job", "job", id, "error", err.message, LOG_END);
+        fail(end, GRPC_STATUS_UNAVAILABLE, "job %s: the store cannot save it", id);
+        return NULL;
+    }
+    prism_policy *policy = prism_policy_create(&j->defaults, &err);
+    if (!policy) {
+        fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: %s", id, err.message);
+        return NULL;
+    }
+    prismd_job *job = job_new(j, id, world_size, token, policy, end);
+    if (job)
+        prismd_log(PRISMD_LOG_INFO, "job created", "job", id, "token", job->token ? "set" : "none", LOG_END);
     return job;
 }
 
@@ -289,6 +342,45 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
     map_free(&st);
 }
 
+/* ---- the calibration cache (DESIGN 4.5) ---- */
+
+typedef struct cal_list {
+    prism_policy *policy;
+    size_t n, cap;
+    Prism__V1__BlockError *errors;
+    prism_precision *formats;
+} cal_list;
+
+static void cal_collect(void *ctx, prism_precision format, uint32_t block_id, double error)
+{
+    cal_list *l = ctx;
+    prism_error err;
+    if (prism_policy_set_calibration(l->policy, format, block_id, error, &err))
+        return;
+    if (l->n == l->cap) {
+        size_t ncap = l->cap ? l->cap * 2 : 64;
+        Prism__V1__BlockError *ne = realloc(l->errors, ncap * sizeof *ne);
+        if (ne)
+            l->errors = ne;
+        prism_precision *nf = realloc(l->formats, ncap * sizeof *nf);
+        if (nf)
+            l->formats = nf;
+        if (!ne || !nf)
+            return;
+        l->cap = ncap;
+    }
+    prism__v1__block_error__init(&l->errors[l->n]);
+    l->errors[l->n].block_id = block_id;
+    l->errors[l->n].relative_error = error;
+    l->formats[l->n++] = format;
+}
+
+static void cal_free(cal_list *l)
+{
+    free(l->errors);
+    free(l->formats);
+}
+
 static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p)
 {
     prism__v1__policy_config__init(p);
@@ -324,7 +416,7 @@ static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p
     p->world_size = (uint32_t)c->world_size;
 }
 
-static void send_welcome(prismd_job *job, prismd_stream *s)
+static void send_welcome(prismd_job *job, prismd_stream *s, const cal_list *cached)
 {
     Prism__V1__PolicyConfig cfg;
     fill_policy_config(prism_policy_config(job->policy), &cfg);
@@ -339,6 +431,24 @@ static void send_welcome(prismd_job *job, prismd_stream *s)
     w.config = &cfg;
     w.map = &u;
     w.calibration_needed = cfg.run_calibration && !job->calibrated;
+    /* The cached errors, one CalibrationErrors per format. */
+    Prism__V1__CalibrationErrors groups[PRISM_PRECISION_COUNT];
+    Prism__V1__CalibrationErrors *group_ptrs[PRISM_PRECISION_COUNT];
+    Prism__V1__BlockError **error_ptrs = cached->n ? malloc(cached->n * sizeof *error_ptrs) : NULL;
+    size_t used = 0;
+    for (int f = 0; error_ptrs && f < PRISM_PRECISION_COUNT; f++) {
+        Prism__V1__CalibrationErrors *g = &groups[w.n_cached_errors];
+        prism__v1__calibration_errors__init(g);
+        g->format = wire_precision((prism_precision)f);
+        g->errors = error_ptrs + used;
+        for (size_t i = 0; i < cached->n; i++)
+            if (cached->formats[i] == (prism_precision)f)
+                error_ptrs[used + g->n_errors++] = &cached->errors[i];
+        used += g->n_errors;
+        if (g->n_errors)
+            group_ptrs[w.n_cached_errors++] = g;
+    }
+    w.cached_errors = group_ptrs;
     Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_WELCOME;
     m.welcome = &w;
@@ -347,6 +457,7 @@ static void send_welcome(prismd_job *job, prismd_stream *s)
     if (buf)
         prismd_stream_send(s, buf, len);
     free(buf);
+    free(error_ptrs);
     map_free(&st);
 }
 
@@ -390,8 +501,22 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                                              h->layout->blocks[i]->param_bytes_bf16, &err))
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %s", err.message);
     }
-    if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents))
+    cal_list cached = {.policy = job->policy};
+    if (h->layout && h->layout->fingerprint.len) {
+        if (h->layout->fingerprint.len > sizeof job->fingerprint)
+            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout.fingerprint: %zu bytes, at most %zu",
+                        h->layout->fingerprint.len, sizeof job->fingerprint);
+        memcpy(job->fingerprint, h->layout->fingerprint.data, h->layout->fingerprint.len);
+        job->fingerprint_len = h->layout->fingerprint.len;
+        prism_error err;
+        if (j->store && prismd_store_load_calibration(j->store, job->fingerprint, job->fingerprint_len, cal_collect,
+                                                      &cached, &err) > 0)
+            job->calibrated = true;
+    }
+    if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents)) {
+        cal_free(&cached);
         return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    }
     job->agents[job->nagents++] = (agent){s, h->rank};
     peer->job = job;
     peer->rank = h->rank;
@@ -399,7 +524,8 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     snprintf(rank, sizeof rank, "%u", h->rank);
     prismd_log(PRISMD_LOG_INFO, "agent connected", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
                LOG_END);
-    send_welcome(job, s);
+    send_welcome(job, s, &cached);
+    cal_free(&cached);
     return true;
 }
 
@@ -420,8 +546,19 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         if (r.map_changed) {
             job->decided_step = r.decided_step;
             job->effective_step = r.effective_step;
-            broadcast_map(j, job);
         }
+        if (!r.decided && !r.map_changed)
+            continue;
+        /* A map is durable before it is sent (DESIGN 7). */
+        if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
+                                                r.changes, r.change_count, &err)) {
+            j->counters.store_errors++;
+            prismd_log(PRISMD_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
+                       err.message, LOG_END);
+            continue;
+        }
+        if (r.map_changed)
+            broadcast_map(j, job);
     }
 }
 
@@ -466,17 +603,35 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     drain_steps(j, job, now_ms);
 }
 
-static void on_calibration(prismd_stream *s, prismd_peer *peer, const Prism__V1__CalibrationReport *c)
+static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__CalibrationReport *c)
 {
+    prismd_job *job = peer->job;
     prism_error err;
     for (size_t i = 0; i < c->n_errors; i++) {
-        if (prism_policy_set_calibration(peer->job->policy, (prism_precision)c->format, c->errors[i]->block_id,
+        if (prism_policy_set_calibration(job->policy, (prism_precision)c->format, c->errors[i]->block_id,
                                          c->errors[i]->relative_error, &err)) {
             send_error(s, GRPC_STATUS_INVALID_ARGUMENT, err.message);
             return;
         }
     }
-    peer->job->calibrated = true;
+    job->calibrated = true;
+    /* Cached under the report's fingerprint, else the job's. */
+    const uint8_t *fp = c->fingerprint.len ? c->fingerprint.data : job->fingerprint;
+    size_t fp_len = c->fingerprint.len ? c->fingerprint.len : job->fingerprint_len;
+    if (!j->store || !fp_len || !c->n_errors)
+        return;
+    uint32_t *ids = malloc(c->n_errors * sizeof *ids);
+    double *errors = malloc(c->n_errors * sizeof *errors);
+    for (size_t i = 0; ids && errors && i < c->n_errors; i++) {
+        ids[i] = c->errors[i]->block_id;
+        errors[i] = c->errors[i]->relative_error;
+    }
+    if (!ids || !errors ||
+        prismd_store_save_calibration(j->store, fp, fp_len, (prism_precision)c->format, ids, errors, c->n_errors,
+                                      &err))
+        prismd_log(PRISMD_LOG_ERROR, "cannot cache calibration errors", "job", job->id, LOG_END);
+    free(ids);
+    free(errors);
 }
 
 bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *data,
@@ -493,7 +648,7 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
     } else {
         switch (m->kind_case) {
         case PRISM__V1__AGENT_MESSAGE__KIND_STEP_REPORT: on_step_report(j, s, peer, m->step_report, now_ms); break;
-        case PRISM__V1__AGENT_MESSAGE__KIND_CALIBRATION: on_calibration(s, peer, m->calibration); break;
+        case PRISM__V1__AGENT_MESSAGE__KIND_CALIBRATION: on_calibration(j, s, peer, m->calibration); break;
         case PRISM__V1__AGENT_MESSAGE__KIND_ACK:
             peer->job->acks[peer->rank] = (rank_ack){true, m->ack->map_version, m->ack->applied_step};
             break;

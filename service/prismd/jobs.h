@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "prism/common.h"
+#include "store.h"
 
 typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, rpc.c */
 typedef struct prismd_job prismd_job;
@@ -42,9 +43,13 @@ typedef struct prismd_jobs_counters {
     uint64_t block_records;
     uint64_t decisions;
     uint64_t updates_sent;
+    uint64_t store_errors;     /* state not saved: its map was not sent */
 } prismd_jobs_counters;
 
-prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prism_error *err);
+/* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the
+ * caller's; jobs writes to it from then on. */
+prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prismd_store *store,
+                                prism_error *err);
 void prismd_jobs_destroy(prismd_jobs *j);
 
 /* One AgentMessage of a Connect stream. Returns false, with *end filled, when the stream must

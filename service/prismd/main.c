@@ -20,6 +20,7 @@
 #include "log.h"
 #include "prism/common.h"
 #include "rpc.h"
+#include "store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -772,6 +773,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     int status = 1;
     struct MHD_Daemon *daemon = NULL;
     prismd_rpc *rpc = NULL;
+    prismd_store *store = NULL;
 
     if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
         prismd_log(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
@@ -794,7 +796,14 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
                   LOG_END);
         goto out;
     }
+    store = prismd_store_open(opts->data_dir, &err);
+    if (!store) {
+        prismd_log(PRISMD_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
+                   LOG_END);
+        goto out;
+    }
     prismd_rpc_options rpc_opts = {
+        .store = store,
         .listen = opts->grpc_text,
         .max_message_bytes = opts->max_message_bytes,
         .limits = {.max_jobs = opts->max_jobs, .max_blocks = opts->max_blocks, .auto_create = opts->auto_create},
@@ -819,6 +828,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
 
 out:
     prismd_rpc_stop(rpc);
+    prismd_store_close(store);
     if (daemon)
         MHD_stop_daemon(daemon);
     if (srv.lock_fd >= 0)

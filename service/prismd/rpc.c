@@ -497,7 +497,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
     }
     snprintf(r->listen, sizeof r->listen, "%s", opts->listen);
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
-    r->jobs = prismd_jobs_create(defaults, &opts->limits, err);
+    r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, err);
     if (!r->jobs) {
         free(r);
         return NULL;

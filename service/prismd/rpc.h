@@ -11,6 +11,7 @@ typedef struct prismd_rpc_options {
     const char *listen;          /* "127.0.0.1:50051", "[::1]:50051", "0.0.0.0:50051" */
     size_t max_message_bytes;    /* larger messages are refused with RESOURCE_EXHAUSTED */
     prismd_jobs_limits limits;
+    prismd_store *store;         /* jobs are restored from it and saved to it; the caller closes it */
 } prismd_rpc_options;
 
 /* Binds, starts the policy thread and returns; NULL with err filled when the address cannot be

@@ -38,13 +38,15 @@ def free_port():
 class Prismd:
     """The real prismd on free loopback ports."""
 
-    def __init__(self, *extra):
-        self.dir = tempfile.mkdtemp(prefix="prism-grpc-test-")
+    def __init__(self, *extra, reuse=None, config_extra=None):
+        """reuse: a stopped Prismd whose directory (data dir, config) this one starts on."""
+        self.dir = reuse.dir if reuse else tempfile.mkdtemp(prefix="prism-grpc-test-")
         config = os.path.join(self.dir, "config.json")
-        with open(config, "w") as f:
-            json.dump(CONFIG, f)
+        if not reuse:
+            with open(config, "w") as f:
+                json.dump(dict(CONFIG, **(config_extra or {})), f)
         self.grpc_addr = "127.0.0.1:%d" % free_port()
-        self.log = open(os.path.join(self.dir, "prismd.log"), "w+")
+        self.log = open(os.path.join(self.dir, "prismd.log"), "a+")
         self.proc = subprocess.Popen(
             [os.path.join(BUILD, "service", "prismd"), "--grpc-listen", self.grpc_addr,
              "--http-listen", "127.0.0.1:%d" % free_port(), "--data-dir", os.path.join(self.dir, "data"),
@@ -52,6 +54,13 @@ class Prismd:
             stdout=self.log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.grpc_addr)
         grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
+
+    def kill(self):
+        """kill -9: no chance to flush or say goodbye. The files stay for a restart."""
+        self.channel.close()
+        self.proc.kill()
+        self.proc.wait(timeout=WAIT_S)
+        self.log.close()
 
     def stop(self):
         """Stops prismd (SIGTERM), removes its files and returns its exit status."""
@@ -67,12 +76,12 @@ class Prismd:
         if not self.log.closed:
             self.last_log = self.logs()
             self.log.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
         return code
 
     def logs(self):
         if self.log.closed:
-            return self.last_log
+            return getattr(self, "last_log", "")
         self.log.seek(0)
         return self.log.read()
 
@@ -329,6 +338,73 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(a.status(), grpc.StatusCode.UNAVAILABLE)
         self.assertEqual(self.prismd.proc.wait(timeout=WAIT_S), 0)
 
+
+    def test_restart_after_kill_9_keeps_map_versions_and_cooldowns(self):
+        self.prismd.stop()
+        self.prismd = Prismd(config_extra={"min_steps_between_switches": 4})
+        a = self.agent("tok-k")
+        a.hello("job-k", 0, 1)
+        a.next()
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        first = a.next().update
+        self.assertEqual((first.map_version, first.decided_step), (1, 2))
+        self.assertEqual(precisions(first.blocks), [(0, pb.BF16), (1, pb.INT8)])
+        a.close()
+        self.agents.remove(a)
+        self.prismd.kill()
+        self.prismd = Prismd(reuse=self.prismd)
+        m = block_map(self.prismd, "job-k", "tok-k")
+        self.assertEqual((m.map_version, m.decided_step, m.effective_step), (1, 2, 5))
+        self.assertEqual(precisions(m.blocks), [(0, pb.BF16), (1, pb.INT8)])
+        self.assertEqual(m.blocks[1].last_switch_step, 2)
+        self.assertEqual(m.blocks[1].reason, pb.REASON_SCORE)
+        # The token came back with the job.
+        with self.assertRaises(grpc.RpcError) as e:
+            block_map(self.prismd, "job-k", "other")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        b = self.agent("tok-k")
+        b.hello("job-k", 0, 1)
+        w = b.next().welcome
+        self.assertEqual(w.map.map_version, 1)
+        self.assertEqual(precisions(w.map.blocks), [(0, pb.BF16), (1, pb.INT8)])
+        b.step(2, (1.0, 30.0))  # already in the saved state: dropped as late
+        # Block 1 turns sensitive, but its switch at step 2 holds it until step 6 (cooldown 4).
+        for step in (3, 4, 5, 6):
+            b.step(step, (1.0, 3.0))
+        u = b.next().update
+        self.assertEqual((u.map_version, u.decided_step, u.effective_step), (2, 6, 9))
+        self.assertEqual(precisions(u.blocks), [(0, pb.BF16), (1, pb.BF16)])
+        self.assertEqual(u.blocks[1].last_switch_step, 6)
+
+    def test_calibration_is_cached_by_fingerprint(self):
+        fingerprint = bytes(range(32))
+        layout = pb.ModelLayout(fingerprint=fingerprint, model_id="m", blocks=[
+            pb.BlockInfo(id=0, name="h.0", param_bytes_bf16=1000), pb.BlockInfo(id=1, name="h.1", param_bytes_bf16=3000)])
+        a = self.agent()
+        a.send(hello=pb.Hello(job_id="job-c1", rank=0, world_size=1, layout=layout))
+        self.assertTrue(a.next().welcome.calibration_needed)
+        a.send(calibration=pb.CalibrationReport(format=pb.INT8, samples=4, errors=[
+            pb.BlockError(block_id=0, relative_error=0.01), pb.BlockError(block_id=1, relative_error=0.05)]))
+        b = self.agent()
+        b.send(hello=pb.Hello(job_id="job-c2", rank=0, world_size=1, layout=layout))
+        w = b.next().welcome
+        self.assertFalse(w.calibration_needed)
+        self.assertEqual(len(w.cached_errors), 1)
+        self.assertEqual(w.cached_errors[0].format, pb.INT8)
+        self.assertEqual(sorted((e.block_id, e.relative_error) for e in w.cached_errors[0].errors),
+                         [(0, 0.01), (1, 0.05)])
+        # The cached error weighs in: block 1's grad score 0.25, error 0.05/0.05 -> s = 0.7*0.25 + 0.3 = 0.475
+        # (ambiguous, so it stays bf16 and no update is sent: poll the map, bounded).
+        b.step(1, (3.0, 1.0))
+        b.step(2, (3.0, 1.0))
+        for _ in range(200):
+            m = block_map(self.prismd, "job-c2")
+            if len(m.blocks) == 2 and m.blocks[1].HasField("sensitivity"):
+                break
+            time.sleep(0.05)
+        self.assertEqual(precisions(m.blocks), [(0, pb.BF16), (1, pb.BF16)])
+        self.assertAlmostEqual(m.blocks[1].sensitivity, 0.475, places=12)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,0 +1,445 @@
+/* The store (store.h). A job's blocks are saved as one blob per state row: one row written per
+ * decision whatever the number of blocks, and read back whole at start. Blob layout, host byte
+ * order (little-endian on every machine Prism runs on):
+ *   "PRB1" u32 count, then per block: u32 id, u8 precision, u8 reason, u8 flags (1 has_switch,
+ *   2 assigned), u8 0, u64 last_switch_step, u64 param_bytes_bf16, f64 calibration[5],
+ *   u32 window_len, f64 window[window_len] (oldest first). */
+#define _POSIX_C_SOURCE 200809L
+#include "store.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SCHEMA_VERSION "1"
+
+struct prismd_store {
+    sqlite3 *db;
+    sqlite3_stmt *save_state, *save_switch, *save_calibration;
+};
+
+static const char *const schema =
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS jobs(id TEXT PRIMARY KEY, token TEXT, world_size INTEGER NOT NULL,"
+    " config TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS job_state(job_id TEXT PRIMARY KEY REFERENCES jobs(id), map_version INTEGER NOT NULL,"
+    " decided_step INTEGER NOT NULL, effective_step INTEGER NOT NULL, steps_collected INTEGER NOT NULL,"
+    " has_last_step INTEGER NOT NULL, last_step INTEGER NOT NULL, blocks BLOB NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS switches(job_id TEXT NOT NULL, block_id INTEGER NOT NULL, from_precision TEXT NOT NULL,"
+    " to_precision TEXT NOT NULL, step INTEGER NOT NULL, reason TEXT NOT NULL, map_version INTEGER NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS switches_by_block ON switches(job_id, block_id, step);"
+    "CREATE TABLE IF NOT EXISTS calibration(fingerprint BLOB NOT NULL, format TEXT NOT NULL, block_id INTEGER NOT NULL,"
+    " relative_error REAL NOT NULL, PRIMARY KEY(fingerprint, format, block_id));"
+    "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', '" SCHEMA_VERSION "');";
+
+static prism_status db_error(prismd_store *s, prism_error *err, const char *what)
+{
+    return prism_error_set(err, PRISM_ERR_IO, "store: %s: %s", what, sqlite3_errmsg(s->db));
+}
+
+static prism_status exec(prismd_store *s, const char *sql, prism_error *err)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(s->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        prism_status st = prism_error_set(err, PRISM_ERR_IO, "store: %s", msg ? msg : sqlite3_errmsg(s->db));
+        sqlite3_free(msg);
+        return st;
+    }
+    return PRISM_OK;
+}
+
+void prismd_store_close(prismd_store *s)
+{
+    if (!s)
+        return;
+    sqlite3_finalize(s->save_state);
+    sqlite3_finalize(s->save_switch);
+    sqlite3_finalize(s->save_calibration);
+    sqlite3_close(s->db);
+    free(s);
+}
+
+prismd_store *prismd_store_open(const char *data_dir, prism_error *err)
+{
+    prismd_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/prism.db", data_dir);
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL) !=
+        SQLITE_OK) {
+        prism_error_set(err, PRISM_ERR_IO, "store: cannot open %s: %s", path,
+                        s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        prismd_store_close(s);
+        return NULL;
+    }
+    sqlite3_busy_timeout(s->db, 5000);
+    /* WAL with full sync: a committed decision survives kill -9 and power loss alike. */
+    if (exec(s, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", err) ||
+        exec(s, schema, err)) {
+        prism_error_prefix(err, "%s", path);
+        prismd_store_close(s);
+        return NULL;
+    }
+    sqlite3_stmt *version = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key='schema_version'", -1, &version, NULL) ==
+            SQLITE_OK &&
+        sqlite3_step(version) == SQLITE_ROW &&
+        strcmp((const char *)sqlite3_column_text(version, 0), SCHEMA_VERSION) != 0) {
+        prism_error_set(err, PRISM_ERR_INVALID, "store: %s has schema version %s; this prismd reads %s", path,
+                        (const char *)sqlite3_column_text(version, 0), SCHEMA_VERSION);
+        sqlite3_finalize(version);
+        prismd_store_close(s);
+        return NULL;
+    }
+    sqlite3_finalize(version);
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT OR REPLACE INTO job_state(job_id, map_version, decided_step, effective_step,"
+                           " steps_collected, has_last_step, last_step, blocks) VALUES(?,?,?,?,?,?,?,?)",
+                           -1, &s->save_state, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db,
+                           "INSERT INTO switches(job_id, block_id, from_precision, to_precision, step, reason,"
+                           " map_version) VALUES(?,?,?,?,?,?,?)",
+                           -1, &s->save_switch, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db,
+                           "INSERT OR REPLACE INTO calibration(fingerprint, format, block_id, relative_error)"
+                           " VALUES(?,?,?,?)",
+                           -1, &s->save_calibration, NULL) != SQLITE_OK) {
+        db_error(s, err, "prepare");
+        prismd_store_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const char *token, uint32_t world_size,
+                                   const prism_config *cfg, prism_error *err)
+{
+    json_t *obj = prism_config_to_json(cfg);
+    char *config = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(obj);
+    if (!config)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+    sqlite3_stmt *st = NULL;
+    prism_status rc = PRISM_OK;
+    if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO jobs(id, token, world_size, config) VALUES(?,?,?,?)", -1,
+                           &st, NULL) != SQLITE_OK) {
+        rc = db_error(s, err, "save job");
+    } else {
+        sqlite3_bind_text(st, 1, job_id, -1, SQLITE_TRANSIENT);
+        if (token)
+            sqlite3_bind_text(st, 2, token, -1, SQLITE_TRANSIENT);
+        else
+            sqlite3_bind_null(st, 2);
+        sqlite3_bind_int64(st, 3, world_size);
+        sqlite3_bind_text(st, 4, config, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = db_error(s, err, "save job");
+    }
+    sqlite3_finalize(st);
+    free(config);
+    return rc;
+}
+
+/* ---- the blocks blob ---- */
+
+typedef struct blob {
+    uint8_t *data;
+    size_t len, cap;
+    bool failed;
+} blob;
+
+static void put(blob *b, const void *p, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->len + n > b->cap) {
+        size_t ncap = b->cap ? b->cap * 2 : 4096;
+        while (ncap < b->len + n)
+            ncap *= 2;
+        uint8_t *nd = realloc(b->data, ncap);
+        if (!nd) {
+            b->failed = true;
+            return;
+        }
+        b->data = nd;
+        b->cap = ncap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+static bool encode_blocks(const prism_policy *p, blob *b)
+{
+    uint32_t count = (uint32_t)prism_policy_block_count(p);
+    put(b, "PRB1", 4);
+    put(b, &count, 4);
+    double *window = malloc(PRISM_WINDOW_MAX * sizeof *window);
+    if (!window)
+        return false;
+    for (uint32_t i = 0; i < count; i++) {
+        prism_block_record r = {.window = window};
+        prism_policy_block_record(p, i, &r);
+        uint8_t head[4] = {(uint8_t)r.view.precision, (uint8_t)r.view.reason,
+                           (uint8_t)((r.view.has_switch ? 1 : 0) | (r.assigned ? 2 : 0)), 0};
+        uint64_t last = r.view.has_switch ? r.view.last_switch_step : 0;
+        put(b, &r.view.id, 4);
+        put(b, head, 4);
+        put(b, &last, 8);
+        put(b, &r.view.param_bytes_bf16, 8);
+        put(b, r.calibration, sizeof r.calibration);
+        put(b, &r.window_len, 4);
+        put(b, r.window, r.window_len * sizeof *r.window);
+    }
+    free(window);
+    return !b->failed;
+}
+
+typedef struct reader {
+    const uint8_t *p;
+    size_t left;
+} reader;
+
+static bool get(reader *r, void *out, size_t n)
+{
+    if (r->left < n)
+        return false;
+    memcpy(out, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return true;
+}
+
+/* Decodes a blob into records (windows in one array); false when it is damaged. */
+static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **out, size_t *count, double **windows)
+{
+    reader r = {data, len};
+    char magic[4];
+    uint32_t n;
+    *out = NULL;
+    *windows = NULL;
+    if (!get(&r, magic, 4) || memcmp(magic, "PRB1", 4) != 0 || !get(&r, &n, 4))
+        return false;
+    prism_block_record *recs = calloc(n ? n : 1, sizeof *recs);
+    /* Every window value takes 8 bytes of the blob, so the blob bounds the total. */
+    double *win = malloc(len + 8);
+    if (!recs || !win) {
+        free(recs);
+        free(win);
+        return false;
+    }
+    size_t used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        prism_block_record *rec = &recs[i];
+        uint8_t head[4];
+        uint64_t last;
+        if (!get(&r, &rec->view.id, 4) || !get(&r, head, 4) || !get(&r, &last, 8) ||
+            !get(&r, &rec->view.param_bytes_bf16, 8) || !get(&r, rec->calibration, sizeof rec->calibration) ||
+            !get(&r, &rec->window_len, 4) || rec->window_len > PRISM_WINDOW_MAX ||
+            head[0] >= PRISM_PRECISION_COUNT || head[1] > PRISM_REASON_LOSS_SPIKE)
+            goto damaged;
+        rec->view.precision = (prism_precision)head[0];
+        rec->view.reason = (prism_reason)head[1];
+        rec->view.has_switch = head[2] & 1;
+        rec->assigned = (head[2] & 2) != 0;
+        rec->view.last_switch_step = last;
+        rec->window = win + used;
+        if (!get(&r, rec->window, rec->window_len * sizeof(double)))
+            goto damaged;
+        used += rec->window_len;
+    }
+    if (r.left != 0)
+        goto damaged;
+    *out = recs;
+    *count = n;
+    *windows = win;
+    return true;
+damaged:
+    free(recs);
+    free(win);
+    return false;
+}
+
+prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
+                                     uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
+                                     size_t change_count, prism_error *err)
+{
+    blob b = {0};
+    if (!encode_blocks(p, &b)) {
+        free(b.data);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+    }
+    prism_policy_progress progress;
+    prism_policy_progress_get(p, &progress);
+    prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
+    if (rc) {
+        free(b.data);
+        return rc;
+    }
+    sqlite3_stmt *st = s->save_state;
+    sqlite3_reset(st);
+    sqlite3_bind_text(st, 1, job_id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 2, (sqlite3_int64)progress.map_version);
+    sqlite3_bind_int64(st, 3, (sqlite3_int64)decided_step);
+    sqlite3_bind_int64(st, 4, (sqlite3_int64)effective_step);
+    sqlite3_bind_int64(st, 5, (sqlite3_int64)progress.steps_collected);
+    sqlite3_bind_int(st, 6, progress.has_last_step);
+    sqlite3_bind_int64(st, 7, (sqlite3_int64)progress.last_step);
+    sqlite3_bind_blob(st, 8, b.data, (int)b.len, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_DONE)
+        rc = db_error(s, err, "save state");
+    sqlite3_clear_bindings(st);
+    for (size_t i = 0; !rc && i < change_count; i++) {
+        const prism_change *c = &changes[i];
+        sqlite3_stmt *w = s->save_switch;
+        sqlite3_reset(w);
+        sqlite3_bind_text(w, 1, job_id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(w, 2, c->block_id);
+        sqlite3_bind_text(w, 3, prism_precision_name(c->from), -1, SQLITE_STATIC);
+        sqlite3_bind_text(w, 4, prism_precision_name(c->to), -1, SQLITE_STATIC);
+        sqlite3_bind_int64(w, 5, (sqlite3_int64)c->step);
+        sqlite3_bind_text(w, 6, prism_reason_name(c->reason), -1, SQLITE_STATIC);
+        sqlite3_bind_int64(w, 7, (sqlite3_int64)progress.map_version);
+        if (sqlite3_step(w) != SQLITE_DONE)
+            rc = db_error(s, err, "save switch");
+    }
+    if (rc) {
+        prism_error keep = *err;
+        exec(s, "ROLLBACK", NULL);
+        *err = keep;
+    } else {
+        rc = exec(s, "COMMIT", err);
+    }
+    free(b.data);
+    return rc;
+}
+
+prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
+                                           prism_precision format, const uint32_t *block_ids, const double *errors,
+                                           size_t count, prism_error *err)
+{
+    prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
+    for (size_t i = 0; !rc && i < count; i++) {
+        sqlite3_stmt *st = s->save_calibration;
+        sqlite3_reset(st);
+        sqlite3_bind_blob(st, 1, fingerprint, (int)fingerprint_len, SQLITE_TRANSIENT);
+        sqlite3_bind_text(st, 2, prism_precision_name(format), -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, block_ids[i]);
+        sqlite3_bind_double(st, 4, errors[i]);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = db_error(s, err, "save calibration");
+    }
+    if (rc) {
+        exec(s, "ROLLBACK", NULL);
+        return rc;
+    }
+    return exec(s, "COMMIT", err);
+}
+
+long prismd_store_load_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
+                                   void (*fn)(void *ctx, prism_precision format, uint32_t block_id, double error),
+                                   void *ctx, prism_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT format, block_id, relative_error FROM calibration WHERE fingerprint = ?",
+                           -1, &st, NULL) != SQLITE_OK) {
+        db_error(s, err, "load calibration");
+        return -1;
+    }
+    sqlite3_bind_blob(st, 1, fingerprint, (int)fingerprint_len, SQLITE_STATIC);
+    long n = 0;
+    int step;
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        prism_precision format;
+        if (!prism_precision_parse((const char *)sqlite3_column_text(st, 0), &format))
+            continue;
+        fn(ctx, format, (uint32_t)sqlite3_column_int64(st, 1), sqlite3_column_double(st, 2));
+        n++;
+    }
+    if (step != SQLITE_DONE) {
+        db_error(s, err, "load calibration");
+        n = -1;
+    }
+    sqlite3_finalize(st);
+    return n;
+}
+
+prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *defaults,
+                                    bool (*fn)(void *ctx, prismd_saved_job *job), void *ctx, prism_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT j.id, j.token, j.world_size, j.config, s.map_version, s.decided_step,"
+                           " s.effective_step, s.steps_collected, s.has_last_step, s.last_step, s.blocks"
+                           " FROM jobs j LEFT JOIN job_state s ON s.job_id = j.id ORDER BY j.id",
+                           -1, &st, NULL) != SQLITE_OK)
+        return db_error(s, err, "load jobs");
+    prism_status rc = PRISM_OK;
+    int step = SQLITE_DONE;
+    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        json_error_t jerr;
+        json_t *obj = json_loads((const char *)sqlite3_column_text(st, 3), 0, &jerr);
+        prism_config cfg;
+        if (!obj) {
+            rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: saved config does not parse: %s", id,
+                                 jerr.text);
+            break;
+        }
+        if ((rc = prism_config_apply_json(defaults, obj, "", &cfg, err))) {
+            json_decref(obj);
+            prism_error_prefix(err, "store: job %s: saved config", id);
+            break;
+        }
+        json_decref(obj);
+        prism_policy *policy = prism_policy_create(&cfg, err);
+        prism_config_free(&cfg);
+        if (!policy) {
+            rc = err ? err->status : PRISM_ERR_INVALID;
+            break;
+        }
+        prismd_saved_job job = {
+            .id = id,
+            .token = (const char *)sqlite3_column_text(st, 1),
+            .world_size = (uint32_t)sqlite3_column_int64(st, 2),
+            .policy = policy,
+        };
+        if (sqlite3_column_type(st, 4) != SQLITE_NULL) {
+            prism_policy_progress progress = {
+                .map_version = (uint64_t)sqlite3_column_int64(st, 4),
+                .steps_collected = (uint64_t)sqlite3_column_int64(st, 7),
+                .has_last_step = sqlite3_column_int(st, 8) != 0,
+                .last_step = (uint64_t)sqlite3_column_int64(st, 9),
+            };
+            job.decided_step = (uint64_t)sqlite3_column_int64(st, 5);
+            job.effective_step = (uint64_t)sqlite3_column_int64(st, 6);
+            prism_block_record *recs = NULL;
+            double *windows = NULL;
+            size_t n = 0;
+            if (!decode_blocks(sqlite3_column_blob(st, 10), (size_t)sqlite3_column_bytes(st, 10), &recs, &n,
+                               &windows))
+                rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: the saved blocks are damaged", id);
+            else
+                rc = prism_policy_restore(policy, &progress, recs, n, err);
+            free(recs);
+            free(windows);
+        }
+        if (rc) {
+            prism_policy_destroy(policy);
+            break;
+        }
+        if (!fn(ctx, &job)) {
+            rc = prism_error_set(err, PRISM_ERR_NOMEM, "store: job %s could not be restored", id);
+            break;
+        }
+    }
+    if (!rc && step != SQLITE_DONE)
+        rc = db_error(s, err, "load jobs");
+    sqlite3_finalize(st);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/* prismd's store (DESIGN 2, 7): SQLite in WAL mode under the data dir. Jobs with their token,
+ * world size and config; each job's state (map version, steps, every block's precision, last
+ * switch, calibration errors and window) written in one transaction at each decision boundary,
+ * before the map is sent; the switch history; the calibration cache by model fingerprint.
+ * Only the policy thread uses it. */
+#ifndef PRISMD_STORE_H
+#define PRISMD_STORE_H
+
+#include "policy.h"
+
+typedef struct prismd_store prismd_store;
+
+/* Opens (creating) DATA_DIR/prism.db. */
+prismd_store *prismd_store_open(const char *data_dir, prism_error *err);
+void prismd_store_close(prismd_store *s);
+
+prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const char *token, uint32_t world_size,
+                                   const prism_config *cfg, prism_error *err);
+
+/* The job's whole state and the changes that led to it, in one transaction. */
+prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
+                                     uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
+                                     size_t change_count, prism_error *err);
+
+/* Calibration errors by model fingerprint (DESIGN 4.5). */
+prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
+                                           prism_precision format, const uint32_t *block_ids, const double *errors,
+                                           size_t count, prism_error *err);
+
+/* Calls fn for each cached error of the fingerprint; returns how many there were (-1: error). */
+long prismd_store_load_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
+                                   void (*fn)(void *ctx, prism_precision format, uint32_t block_id, double error),
+                                   void *ctx, prism_error *err);
+
+/* A job as saved: its policy is restored and owned by the callee from then on. */
+typedef struct prismd_saved_job {
+    const char *id;
+    const char *token; /* NULL: none */
+    uint32_t world_size;
+    prism_policy *policy;
+    uint64_t decided_step;
+    uint64_t effective_step;
+} prismd_saved_job;
+
+/* Restores every saved job, calling fn for each; fn owns job->policy whatever it returns, and
+ * returns false to stop with an error.
+ * defaults fills keys a saved config lacks. */
+prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *defaults,
+                                    bool (*fn)(void *ctx, prismd_saved_job *job), void *ctx, prism_error *err);
+
+#endif
