@@ -11,6 +11,7 @@
 #include <grpc/status.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,12 +44,21 @@ struct prismd_job {
     prismd_stream **watchers;
     size_t nwatchers, cap_watchers;
     rank_ack *acks;         /* world_size entries */
+    uint64_t switches[PRISMD_REASONS];
+    bool has_summary;
+    prism_summary summary;  /* of the last decision */
 };
 
 struct prismd_jobs {
     prism_config defaults;
     prismd_jobs_limits limits;
     prismd_store *store;
+    prismd_snapshots *snapshots;
+    bool dirty, urgent;     /* something REST shows changed since the last publish */
+    int64_t last_publish_ms;
+    uint64_t decision_buckets[PRISMD_DECISION_BUCKETS];
+    uint64_t decision_count;
+    double decision_seconds;
     prismd_job **jobs;
     size_t njobs, cap_jobs;
     prismd_jobs_counters counters;
@@ -89,7 +99,7 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
 }
 
 prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prismd_store *store,
-                                prism_error *err)
+                                prismd_snapshots *snapshots, prism_error *err)
 {
     prismd_jobs *j = calloc(1, sizeof *j);
     if (!j) {
@@ -102,6 +112,8 @@ prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_
     }
     j->limits = *limits;
     j->store = store;
+    j->snapshots = snapshots;
+    j->urgent = true;
     if (store && prismd_store_load_jobs(store, defaults, restore_job, j, err)) {
         prismd_jobs_destroy(j);
         return NULL;
@@ -205,6 +217,7 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
         return NULL;
     }
     j->jobs[j->njobs++] = job;
+    j->urgent = true;
     return job;
 }
 
@@ -518,6 +531,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
     job->agents[job->nagents++] = (agent){s, h->rank};
+    j->urgent = true;
     peer->job = job;
     peer->rank = h->rank;
     char rank[16];
@@ -536,7 +550,26 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
     while (prism_merger_next(job->merger, now_ms, &m)) {
         prism_step_result r;
         prism_error err;
-        if (prism_policy_add_step(job->policy, m.step, m.blocks, m.count, &r, &err)) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        prism_status added = prism_policy_add_step(job->policy, m.step, m.blocks, m.count, &r, &err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        j->dirty = true;
+        if (added == PRISM_OK && r.decided) {
+            double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+            j->decision_count++;
+            j->decision_seconds += seconds;
+            for (int b = 0; b < PRISMD_DECISION_BUCKETS; b++)
+                if (seconds <= prismd_decision_buckets[b])
+                    j->decision_buckets[b]++;
+            job->has_summary = true;
+            job->summary = r.summary;
+            j->urgent = true;
+        }
+        for (size_t c = 0; added == PRISM_OK && c < r.change_count; c++)
+            if ((unsigned)r.changes[c].reason < PRISMD_REASONS)
+                job->switches[r.changes[c].reason]++;
+        if (added) {
             prismd_log(PRISMD_LOG_ERROR, "step refused by the policy", "job", job->id, "error", err.message,
                        LOG_END);
             continue;
@@ -546,6 +579,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         if (r.map_changed) {
             job->decided_step = r.decided_step;
             job->effective_step = r.effective_step;
+            j->urgent = true;
         }
         if (!r.decided && !r.map_changed)
             continue;
@@ -637,9 +671,12 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
 bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *data,
                                size_t len, int64_t now_ms, prismd_status *end)
 {
+    j->dirty = true; /* every message moves a counter that /metrics shows */
     Prism__V1__AgentMessage *m = prism__v1__agent_message__unpack(NULL, len, data);
-    if (!m)
+    if (!m) {
+        j->counters.streams_refused++;
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "a message that is not a prism.v1.AgentMessage");
+    }
     bool ok = true;
     if (m->kind_case == PRISM__V1__AGENT_MESSAGE__KIND_HELLO) {
         ok = on_hello(j, s, peer, m->hello, end);
@@ -657,18 +694,20 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
         }
     }
     prism__v1__agent_message__free_unpacked(m, NULL);
+    if (!ok)
+        j->counters.streams_refused++;
     return ok;
 }
 
 void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer)
 {
-    (void)j;
     prismd_job *job = peer->job;
     if (!job)
         return;
     for (size_t i = 0; i < job->nagents; i++) {
         if (job->agents[i].stream == s) {
             job->agents[i] = job->agents[--job->nagents];
+            j->urgent = true;
             char rank[16];
             snprintf(rank, sizeof rank, "%u", peer->rank);
             prismd_log(PRISMD_LOG_INFO, "agent disconnected", "job", job->id, "rank", rank, LOG_END);
@@ -760,6 +799,67 @@ bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, cons
     return ok;
 }
 
+static int compare_snap_jobs(const void *a, const void *b)
+{
+    return strcmp(((const prismd_snap_job *)a)->id, ((const prismd_snap_job *)b)->id);
+}
+
+/* Copies what REST and /metrics show into a new snapshot and makes it current. */
+static void publish(prismd_jobs *j)
+{
+    prismd_snapshot *snap = calloc(1, sizeof *snap);
+    if (!snap || !(snap->jobs = calloc(j->njobs ? j->njobs : 1, sizeof *snap->jobs))) {
+        free(snap);
+        return;
+    }
+    atomic_init(&snap->refs, 1);
+    for (size_t i = 0; i < j->njobs; i++) {
+        const prismd_job *job = j->jobs[i];
+        prismd_snap_job *sj = &snap->jobs[snap->njobs];
+        prism_error err;
+        if (prism_config_copy(&sj->config, prism_policy_config(job->policy), &err))
+            break;
+        size_t n = prism_policy_block_count(job->policy);
+        sj->blocks = malloc((n ? n : 1) * sizeof *sj->blocks);
+        if (!sj->blocks) {
+            prism_config_free(&sj->config);
+            break;
+        }
+        for (size_t b = 0; b < n; b++)
+            sj->blocks[b] = *prism_policy_block(job->policy, b);
+        sj->nblocks = n;
+        snprintf(sj->id, sizeof sj->id, "%s", job->id);
+        sj->world_size = job->world_size;
+        sj->agents = (uint32_t)job->nagents;
+        prism_policy_progress progress;
+        prism_policy_progress_get(job->policy, &progress);
+        sj->has_step = progress.has_last_step;
+        sj->last_step = progress.last_step;
+        sj->map_version = progress.map_version;
+        sj->decided_step = job->decided_step;
+        sj->effective_step = job->effective_step;
+        sj->has_summary = job->has_summary;
+        sj->summary = job->summary;
+        memcpy(sj->switches, job->switches, sizeof sj->switches);
+        snap->njobs++;
+    }
+    qsort(snap->jobs, snap->njobs, sizeof *snap->jobs, compare_snap_jobs);
+    const prismd_jobs_counters *c = &j->counters;
+    snap->reports_accepted = c->reports_accepted;
+    snap->reports_rejected = c->reports_rejected;
+    snap->reports_dropped_late = c->reports_dropped_late;
+    snap->reports_dropped_repeated = c->reports_dropped_repeated;
+    snap->block_records = c->block_records;
+    snap->decisions = c->decisions;
+    snap->updates_sent = c->updates_sent;
+    snap->store_errors = c->store_errors;
+    snap->agents_refused = c->streams_refused;
+    memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
+    snap->decision_count = j->decision_count;
+    snap->decision_seconds = j->decision_seconds;
+    prismd_snapshots_publish(j->snapshots, snap);
+}
+
 int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
 {
     int64_t next = -1;
@@ -769,6 +869,11 @@ int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
         int64_t wait = prism_merger_wait_ms(job->merger, now_ms);
         if (wait >= 0 && (next < 0 || wait < next))
             next = wait;
+    }
+    if (j->snapshots && (j->urgent || (j->dirty && now_ms - j->last_publish_ms >= 250))) {
+        publish(j);
+        j->urgent = j->dirty = false;
+        j->last_publish_ms = now_ms;
     }
     return next;
 }

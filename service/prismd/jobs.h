@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "prism/common.h"
+#include "snapshot.h"
 #include "store.h"
 
 typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, rpc.c */
@@ -44,12 +45,13 @@ typedef struct prismd_jobs_counters {
     uint64_t decisions;
     uint64_t updates_sent;
     uint64_t store_errors;     /* state not saved: its map was not sent */
+    uint64_t streams_refused;  /* Connect streams ended for a bad Hello, token or order */
 } prismd_jobs_counters;
 
 /* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the
  * caller's; jobs writes to it from then on. */
 prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prismd_store *store,
-                                prism_error *err);
+                                prismd_snapshots *snapshots, prism_error *err);
 void prismd_jobs_destroy(prismd_jobs *j);
 
 /* One AgentMessage of a Connect stream. Returns false, with *end filled, when the stream must
@@ -68,7 +70,9 @@ bool prismd_jobs_get_block_map(prismd_jobs *j, const char *auth, const uint8_t *
 bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *req, size_t len,
                        prismd_status *end);
 
-/* Completes steps whose timeout passed; returns milliseconds until the next one may (-1: none). */
+/* Completes steps whose timeout passed and publishes a snapshot when something changed (at
+ * once for decisions, agents and jobs; at most every 250 ms for plain steps). Returns
+ * milliseconds until the next step may time out (-1: none). */
 int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms);
 
 /* Ends every stream of every job (shutdown). */

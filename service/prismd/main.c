@@ -19,6 +19,7 @@
 #include "config.h"
 #include "log.h"
 #include "prism/common.h"
+#include "rest.h"
 #include "rpc.h"
 #include "store.h"
 
@@ -375,11 +376,13 @@ typedef struct prismd_server {
     char *defaults_json; /* the policy config for new jobs, rendered once at start */
     pthread_mutex_t http_error_lock;
     char http_error[256]; /* first message libmicrohttpd logged, for the start-up error */
+    prismd_rest rest;     /* REST /v1 and /metrics, from the policy thread's snapshots */
 } prismd_server;
 
 typedef struct prismd_reply {
     unsigned int status;
     char *body; /* owned: from json_dumps or strdup */
+    const char *content_type; /* NULL: application/json */
 } prismd_reply;
 
 typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
@@ -492,8 +495,10 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     (void)version;
     (void)upload_data;
     (void)req_cls;
-    const prismd_server *srv = cls;
+    prismd_server *srv = cls;
     *upload_data_size = 0;
+    struct timespec started;
+    clock_gettime(CLOCK_MONOTONIC, &started);
 
     const prismd_route *route = NULL;
     for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
@@ -502,16 +507,24 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     }
     bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                     strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    prismd_reply reply = {0, NULL};
-    if (!route)
+    prismd_reply reply = {0, NULL, NULL};
+    bool rest = !route && prismd_rest_owns(url);
+    if (!route && !rest)
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
     else if (!readable)
         reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
-                    "%.64s is not allowed on %s (allowed: " PRISMD_ALLOWED_METHODS ")", method,
-                    route->path);
-    else
+                    "%.64s is not allowed on %.256s (allowed: " PRISMD_ALLOWED_METHODS ")", method,
+                    url);
+    else if (route)
         route->get(srv, &reply);
+    else {
+        prismd_answer answer = {0, NULL, NULL};
+        prismd_rest_get(&srv->rest, url, &answer);
+        reply.status = answer.status;
+        reply.body = answer.body;
+        reply.content_type = answer.content_type;
+    }
 
     if (prismd_log_threshold <= PRISMD_LOG_DEBUG) {
         char status[16], client[INET6_ADDRSTRLEN + 16];
@@ -529,13 +542,17 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     free(reply.body);
     if (!resp)
         return MHD_NO;
-    enum MHD_Result ok =
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                                 reply.content_type ? reply.content_type : "application/json");
     if (ok == MHD_YES && reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, PRISMD_ALLOWED_METHODS);
     if (ok == MHD_YES)
         ok = MHD_queue_response(conn, reply.status, resp);
     MHD_destroy_response(resp);
+    struct timespec done;
+    clock_gettime(CLOCK_MONOTONIC, &done);
+    prismd_http_observe(reply.status, (double)(done.tv_sec - started.tv_sec) +
+                                          (double)(done.tv_nsec - started.tv_nsec) / 1e9);
     return ok;
 }
 
@@ -693,9 +710,11 @@ static void print_usage(FILE *out)
     fprintf(out,
             "Usage: prismd [OPTION]...\n"
             "\n"
-            "prismd, the Prism policy service. It validates the policy config for new jobs, holds\n"
-            "an exclusive lock on its data directory and serves the HTTP endpoints below. With no\n"
-            "options it listens on loopback and keeps its state in ./prism-data.\n"
+            "prismd, the Prism policy service. Agents stream gradient statistics to it over gRPC\n"
+            "(prism.v1.PolicyService: Connect, GetBlockMap, Watch); it decides block precisions,\n"
+            "keeps every job in a SQLite store under its data directory (locked), pushes maps to\n"
+            "every rank and serves the HTTP endpoints below. With no options it listens on\n"
+            "loopback and keeps its state in ./prism-data.\n"
             "\n"
             "Options (--name VALUE or --name=VALUE):\n");
     for (size_t i = 0; i < PRISMD_OPTION_COUNT; i++) {
@@ -717,10 +736,20 @@ static void print_usage(FILE *out)
         snprintf(label, sizeof label, "GET %s", prismd_routes[i].path);
         print_help_entry(out, label, prismd_routes[i].help, NULL);
     }
+    static const char *const rest_routes[][2] = {
+        {"GET /v1/jobs", "jobs with step, map_version, agents connected, world_size"},
+        {"GET /v1/jobs/JOB/blocks", "the block map (precision, scores, last switch, forced) and the last decision's telemetry"},
+        {"GET /v1/jobs/JOB/blocks/ID", "one block with its recent switch history"},
+        {"GET /v1/jobs/JOB/config", "the job's policy config in force"},
+        {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
+    };
+    for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
+        print_help_entry(out, rest_routes[i][0], rest_routes[i][1], NULL);
     fprintf(out,
             "\n"
             "Logs: logfmt lines on stderr (ts, level, msg, fields).\n"
-            "Signals: SIGTERM or SIGINT stops the server, releases the lock and exits 0.\n"
+            "Signals: SIGTERM or SIGINT ends agent streams with UNAVAILABLE, stops the server,\n"
+            "releases the lock and exits 0.\n"
             "Exit status: 0 stopped cleanly; 1 data dir, lock or address unavailable;\n"
             "2 bad option or bad --config.\n"
             "\n"
@@ -773,7 +802,9 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     int status = 1;
     struct MHD_Daemon *daemon = NULL;
     prismd_rpc *rpc = NULL;
-    prismd_store *store = NULL;
+    prismd_store *store = NULL, *reader = NULL;
+    prismd_snapshots snapshots;
+    prismd_snapshots_init(&snapshots);
 
     if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
         prismd_log(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
@@ -785,6 +816,20 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
                   err.message, LOG_END);
         goto out;
     }
+    store = prismd_store_open(opts->data_dir, &err);
+    if (!store) {
+        prismd_log(PRISMD_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
+                   LOG_END);
+        goto out;
+    }
+    reader = prismd_store_open_reader(opts->data_dir, &err);
+    if (!reader) {
+        prismd_log(PRISMD_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
+                   LOG_END);
+        goto out;
+    }
+    srv.rest.snapshots = &snapshots;
+    srv.rest.reader = reader;
     daemon = http_start(&srv, opts);
     if (!daemon) {
         pthread_mutex_lock(&srv.http_error_lock);
@@ -796,14 +841,9 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
                   LOG_END);
         goto out;
     }
-    store = prismd_store_open(opts->data_dir, &err);
-    if (!store) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
-                   LOG_END);
-        goto out;
-    }
     prismd_rpc_options rpc_opts = {
         .store = store,
+        .snapshots = &snapshots,
         .listen = opts->grpc_text,
         .max_message_bytes = opts->max_message_bytes,
         .limits = {.max_jobs = opts->max_jobs, .max_blocks = opts->max_blocks, .auto_create = opts->auto_create},
@@ -828,9 +868,11 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
 
 out:
     prismd_rpc_stop(rpc);
-    prismd_store_close(store);
     if (daemon)
         MHD_stop_daemon(daemon);
+    prismd_store_close(reader);
+    prismd_store_close(store);
+    prismd_snapshots_destroy(&snapshots);
     if (srv.lock_fd >= 0)
         close(srv.lock_fd);
     pthread_mutex_destroy(&srv.http_error_lock);

@@ -497,7 +497,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
     }
     snprintf(r->listen, sizeof r->listen, "%s", opts->listen);
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
-    r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, err);
+    r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, opts->snapshots, err);
     if (!r->jobs) {
         free(r);
         return NULL;
@@ -534,6 +534,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
         return NULL;
     }
     grpc_server_start(r->server);
+    prismd_jobs_tick(r->jobs, now_ms()); /* the first snapshot, before any request is served */
     atomic_init(&r->stop, false);
     if (pthread_create(&r->thread, NULL, policy_thread, r) != 0) {
         prism_error_set(err, PRISM_ERR_NOMEM, "cannot start the policy thread");

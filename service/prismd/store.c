@@ -117,6 +117,57 @@ prismd_store *prismd_store_open(const char *data_dir, prism_error *err)
     return s;
 }
 
+prismd_store *prismd_store_open_reader(const char *data_dir, prism_error *err)
+{
+    prismd_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/prism.db", data_dir);
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
+        prism_error_set(err, PRISM_ERR_IO, "store: cannot open %s: %s", path,
+                        s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        prismd_store_close(s);
+        return NULL;
+    }
+    sqlite3_busy_timeout(s->db, 1000);
+    return s;
+}
+
+long prismd_store_switch_history(prismd_store *s, const char *job_id, uint32_t block_id, prismd_switch_row *rows,
+                                 size_t max, prism_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT from_precision, to_precision, reason, step, map_version FROM switches"
+                           " WHERE job_id = ? AND block_id = ? ORDER BY step DESC, rowid DESC LIMIT ?",
+                           -1, &st, NULL) != SQLITE_OK) {
+        db_error(s, err, "switch history");
+        return -1;
+    }
+    sqlite3_bind_text(st, 1, job_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, block_id);
+    sqlite3_bind_int64(st, 3, (sqlite3_int64)max);
+    long n = 0;
+    int step;
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        prismd_switch_row *r = &rows[n++];
+        snprintf(r->from, sizeof r->from, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(r->to, sizeof r->to, "%s", (const char *)sqlite3_column_text(st, 1));
+        snprintf(r->reason, sizeof r->reason, "%s", (const char *)sqlite3_column_text(st, 2));
+        r->step = (uint64_t)sqlite3_column_int64(st, 3);
+        r->map_version = (uint64_t)sqlite3_column_int64(st, 4);
+    }
+    if (step != SQLITE_DONE) {
+        db_error(s, err, "switch history");
+        n = -1;
+    }
+    sqlite3_finalize(st);
+    return n;
+}
+
 prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const char *token, uint32_t world_size,
                                    const prism_config *cfg, prism_error *err)
 {

@@ -12,6 +12,9 @@ typedef struct prismd_store prismd_store;
 
 /* Opens (creating) DATA_DIR/prism.db. */
 prismd_store *prismd_store_open(const char *data_dir, prism_error *err);
+
+/* A read-only connection to an existing store, for another thread (REST's history). */
+prismd_store *prismd_store_open_reader(const char *data_dir, prism_error *err);
 void prismd_store_close(prismd_store *s);
 
 prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const char *token, uint32_t world_size,
@@ -31,6 +34,16 @@ prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *finge
 long prismd_store_load_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
                                    void (*fn)(void *ctx, prism_precision format, uint32_t block_id, double error),
                                    void *ctx, prism_error *err);
+
+typedef struct prismd_switch_row {
+    char from[16], to[16], reason[16];
+    uint64_t step;
+    uint64_t map_version;
+} prismd_switch_row;
+
+/* The newest switches of one block, newest first; returns how many (-1: error). */
+long prismd_store_switch_history(prismd_store *s, const char *job_id, uint32_t block_id, prismd_switch_row *rows,
+                                 size_t max, prism_error *err);
 
 /* A job as saved: its policy is restored and owned by the callee from then on. */
 typedef struct prismd_saved_job {

@@ -17,6 +17,8 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 BUILD = os.environ.get("PRISM_BUILD_DIR", "build")
 sys.path.insert(0, os.path.join(BUILD, "python-gen"))
@@ -46,14 +48,35 @@ class Prismd:
             with open(config, "w") as f:
                 json.dump(dict(CONFIG, **(config_extra or {})), f)
         self.grpc_addr = "127.0.0.1:%d" % free_port()
+        self.http_addr = "127.0.0.1:%d" % free_port()
         self.log = open(os.path.join(self.dir, "prismd.log"), "a+")
         self.proc = subprocess.Popen(
             [os.path.join(BUILD, "service", "prismd"), "--grpc-listen", self.grpc_addr,
-             "--http-listen", "127.0.0.1:%d" % free_port(), "--data-dir", os.path.join(self.dir, "data"),
+             "--http-listen", self.http_addr, "--data-dir", os.path.join(self.dir, "data"),
              "--config", config, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.grpc_addr)
         grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
+
+    def http(self, path, method="GET"):
+        """(status, body) of a request to prismd's HTTP side."""
+        req = urllib.request.Request("http://%s%s" % (self.http_addr, path), method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def json_until(self, path, ready):
+        """GETs path until ready(body) holds; REST shows a snapshot published just after each
+        change, so a client that saw an update may ask a moment early. Bounded: 200 x 25 ms."""
+        for _ in range(200):
+            status, body = self.http(path)
+            doc = json.loads(body)
+            if status == 200 and ready(doc):
+                return doc
+            time.sleep(0.025)
+        raise AssertionError("%s never became ready: %s" % (path, body))
 
     def kill(self):
         """kill -9: no chance to flush or say goodbye. The files stay for a restart."""
@@ -405,6 +428,104 @@ class GrpcTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(precisions(m.blocks), [(0, pb.BF16), (1, pb.BF16)])
         self.assertAlmostEqual(m.blocks[1].sensitivity, 0.475, places=12)
+
+    def two_jobs_decided(self):
+        """Two jobs of two ranks each, through their first decision (see the first test)."""
+        norms = {"job-a": [(2.0, 1.0), (4.0, 1.0)], "job-b": [(1.0, 2.0), (1.0, 4.0)]}
+        ranks = {job: [self.agent() for _ in range(2)] for job in norms}
+        for job, agents in ranks.items():
+            for rank, a in enumerate(agents):
+                a.hello(job, rank, 2)
+                a.next()
+        for step in (1, 2):
+            for job, agents in ranks.items():
+                for rank, a in enumerate(agents):
+                    a.step(step, norms[job][rank])
+        for agents in ranks.values():
+            for a in agents:
+                self.assertEqual(a.next().update.map_version, 1)
+        return ranks
+
+    def test_rest_shows_the_same_map_as_grpc(self):
+        self.two_jobs_decided()
+        jobs = self.prismd.json_until("/v1/jobs", lambda d: len(d["jobs"]) == 2 and
+                                      all(j["map_version"] == 1 for j in d["jobs"]))["jobs"]
+        self.assertEqual([(j["job_id"], j["step"], j["map_version"], j["decided_step"], j["effective_step"],
+                           j["agents_connected"], j["world_size"], j["blocks"]) for j in jobs],
+                         [("job-a", 2, 1, 2, 5, 2, 2, 2), ("job-b", 2, 1, 2, 5, 2, 2, 2)])
+        doc = self.prismd.json_until("/v1/jobs/job-a/blocks", lambda d: d["map_version"] == 1)
+        self.assertEqual([(b["id"], b["precision"], b["sensitivity"], b["grad_score"], b["error_score"],
+                           b["relative_magnitude"], b["last_switch_step"], b["reason"], b["forced"])
+                          for b in doc["blocks"]],
+                         [(0, "bf16", 0.75, 0.75, None, 1.5, None, "none", False),
+                          (1, "int8", 0.25, 0.25, None, 0.5, 2, "score", False)])
+        t = doc["telemetry"]
+        self.assertEqual((t["step_id"], t["blocks_bf16"], t["blocks_int8"], t["mean_sensitivity"],
+                          t["precision_changes"], t["estimated_bandwidth_saving_pct"], t["map_version"]),
+                         (2, 1, 1, 0.5, 1, 25.0, 1))
+        one = self.prismd.json_until("/v1/jobs/job-b/blocks/0", lambda d: True)
+        self.assertEqual((one["job_id"], one["id"], one["precision"]), ("job-b", 0, "int8"))
+        self.assertEqual(one["history"], [{"step": 2, "from": "bf16", "to": "int8", "reason": "score",
+                                           "map_version": 1}])
+        config = self.prismd.json_until("/v1/jobs/job-a/config", lambda d: True)
+        self.assertEqual((config["warmup_steps"], config["history_window"], config["bf16_threshold"]), (2, 2, 0.6))
+
+    def test_rest_errors_have_a_status_and_the_error_body(self):
+        self.two_jobs_decided()
+        cases = [("GET", "/v1/jobs/nope/blocks", 404, "not_found", "job nope does not exist"),
+                 ("GET", "/v1/jobs/job-a/blocks/x1", 400, "invalid_argument", "block id \"x1\" is not an integer"),
+                 ("GET", "/v1/jobs/job-a/blocks/99", 404, "not_found", "job job-a has no block 99"),
+                 ("GET", "/v1/jobs/job-a/nothing", 404, "not_found", "no route for GET /v1/jobs/job-a/nothing"),
+                 ("DELETE", "/v1/jobs", 405, "method_not_allowed", "DELETE is not allowed on /v1/jobs")]
+        for method, path, status, code, message in cases:
+            got_status, body = self.prismd.http(path, method)
+            self.assertEqual(got_status, status, path)
+            err = json.loads(body)["error"]
+            self.assertEqual(err["code"], code, path)
+            self.assertIn(message, err["message"], path)
+
+    def test_metrics_pass_promtool_and_count_what_happened(self):
+        ranks = self.two_jobs_decided()
+        ranks["job-a"][0].send(step_report=pb.StepReport(step=3, blocks=[
+            pb.BlockGradStats(block_id=0, l2_norm=-1.0, max_abs=1.0, numel=4)]))
+        self.assertEqual(ranks["job-a"][0].next().WhichOneof("kind"), "error")
+        bad = self.agent("x")
+        bad.step(1, (1.0,))
+        self.assertEqual(bad.status(), grpc.StatusCode.FAILED_PRECONDITION)
+
+        def metrics():
+            text = subprocess.run(["curl", "-sf", "http://%s/metrics" % self.prismd.http_addr],
+                                  capture_output=True, text=True, timeout=WAIT_S, check=True).stdout
+            return dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#")), text
+
+        for _ in range(200):
+            values, text = metrics()
+            if values.get("prism_agent_streams_refused_total") == "1":
+                break
+            time.sleep(0.025)
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                               timeout=WAIT_S)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        expected = {
+            "prism_jobs": "2",
+            'prism_agents_connected{job="job-a"}': "2",
+            'prism_blocks{job="job-a",precision="int8"}': "1",
+            'prism_blocks{job="job-b",precision="bf16"}': "1",
+            'prism_precision_switches_total{job="job-b",reason="score"}': "1",
+            'prism_block_sensitivity{job="job-a",block="0"}': "0.75",
+            'prism_bandwidth_saving_percent{job="job-a"}': "25",
+            'prism_last_step{job="job-b"}': "2",
+            'prism_map_version{job="job-a"}': "1",
+            'prism_step_reports_total{outcome="accepted"}': "8",
+            'prism_step_reports_total{outcome="malformed"}': "1",
+            "prism_block_records_received_total": "16",
+            "prism_decisions_total": "2",
+            "prism_map_updates_sent_total": "4",
+            "prism_agent_streams_refused_total": "1",
+            "prism_decision_duration_seconds_count": "2",
+        }
+        for key, value in expected.items():
+            self.assertEqual(values.get(key), value, key)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

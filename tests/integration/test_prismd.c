@@ -659,8 +659,8 @@ static void test_unknown_path_answers_404_not_found(void)
     }
     CU_ASSERT_EQUAL(http_request(&p, "GET", "/nope", &g_res), 0);
     assert_error_body(404, "not_found", "no route for GET /nope");
-    CU_ASSERT_EQUAL(http_request(&p, "DELETE", "/v1/jobs", &g_res), 0);
-    assert_error_body(404, "not_found", "no route for DELETE /v1/jobs");
+    CU_ASSERT_EQUAL(http_request(&p, "DELETE", "/v1/nothing", &g_res), 0);
+    assert_error_body(404, "not_found", "no route for DELETE /v1/nothing");
     CU_ASSERT_EQUAL(http_request(&p, "GET", "/", &g_res), 0);
     assert_error_body(404, "not_found", "no route for GET /");
     CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);

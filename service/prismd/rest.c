@@ -1,0 +1,360 @@
+/* REST /v1 and /metrics (rest.h). JSON through jansson; the Prometheus text exposition written
+ * by hand, one family at a time, HELP and TYPE first. */
+#define _GNU_SOURCE
+#include "rest.h"
+
+#include "telemetry.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HISTORY_MAX 20
+
+/* ---- HTTP request metrics ---- */
+
+#define HTTP_BUCKETS 8
+static const double http_bounds[HTTP_BUCKETS] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1};
+static atomic_ullong http_bucket_counts[HTTP_BUCKETS];
+static atomic_ullong http_count;
+static atomic_ullong http_micros; /* sum of durations in microseconds */
+static atomic_ullong http_by_class[6]; /* 1xx..5xx by status / 100 */
+
+void prismd_http_observe(unsigned status, double seconds)
+{
+    for (int b = 0; b < HTTP_BUCKETS; b++)
+        if (seconds <= http_bounds[b])
+            atomic_fetch_add(&http_bucket_counts[b], 1);
+    atomic_fetch_add(&http_count, 1);
+    atomic_fetch_add(&http_micros, (unsigned long long)llround(seconds * 1e6));
+    if (status / 100 < 6)
+        atomic_fetch_add(&http_by_class[status / 100], 1);
+}
+
+/* ---- answers ---- */
+
+static void answer_json(prismd_answer *a, unsigned status, json_t *obj)
+{
+    a->status = status;
+    a->content_type = "application/json";
+    a->body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(obj);
+}
+
+static void answer_error(prismd_answer *a, unsigned status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void answer_error(prismd_answer *a, unsigned status, const char *code, const char *fmt, ...)
+{
+    char message[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    answer_json(a, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message));
+}
+
+static json_t *opt_real(bool present, double x)
+{
+    return present && isfinite(x) ? json_real(x) : json_null();
+}
+
+static json_t *summary_json(const prismd_snap_job *j)
+{
+    if (!j->has_summary)
+        return json_null();
+    const prism_summary *s = &j->summary;
+    bool scored = s->scored > 0;
+    return json_pack("{s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:f, s:s, s:I}", "step_id", (json_int_t)s->step_id,
+                     "blocks_bf16", (json_int_t)s->blocks_bf16, "blocks_int8", (json_int_t)s->blocks_low,
+                     "mean_sensitivity", opt_real(scored, s->mean_sensitivity), "max_sensitivity",
+                     opt_real(scored, s->max_sensitivity), "min_sensitivity", opt_real(scored, s->min_sensitivity),
+                     "precision_changes", (json_int_t)s->precision_changes, "estimated_bandwidth_saving_pct",
+                     s->bandwidth_saving_pct, "low_precision", prism_precision_name(s->low_precision), "map_version",
+                     (json_int_t)s->map_version);
+}
+
+static json_t *job_json(const prismd_snap_job *j)
+{
+    return json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I}", "job_id", j->id, "step",
+                     j->has_step ? json_integer((json_int_t)j->last_step) : json_null(), "map_version",
+                     (json_int_t)j->map_version, "decided_step", (json_int_t)j->decided_step, "effective_step",
+                     (json_int_t)j->effective_step, "agents_connected", (json_int_t)j->agents, "world_size",
+                     (json_int_t)j->world_size, "blocks", (json_int_t)j->nblocks);
+}
+
+static json_t *block_json(const prism_block_view *v)
+{
+    return json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:s, s:b}", "id", (json_int_t)v->id, "precision",
+                     prism_precision_name(v->precision), "sensitivity", opt_real(v->has_score, v->sensitivity),
+                     "grad_score", opt_real(v->has_score, v->grad_score), "error_score",
+                     opt_real(v->has_score && v->has_error_score, v->error_score), "relative_magnitude",
+                     opt_real(v->has_score, v->relative_magnitude), "last_switch_step",
+                     v->has_switch ? json_integer((json_int_t)v->last_switch_step) : json_null(), "reason",
+                     prism_reason_name(v->reason), "forced", v->forced);
+}
+
+static void get_jobs(const prismd_snapshot *snap, prismd_answer *a)
+{
+    json_t *jobs = json_array();
+    for (size_t i = 0; jobs && i < snap->njobs; i++)
+        json_array_append_new(jobs, job_json(&snap->jobs[i]));
+    answer_json(a, 200, json_pack("{s:o}", "jobs", jobs));
+}
+
+static void get_blocks(const prismd_snap_job *j, prismd_answer *a)
+{
+    json_t *blocks = json_array();
+    for (size_t i = 0; blocks && i < j->nblocks; i++)
+        json_array_append_new(blocks, block_json(&j->blocks[i]));
+    json_t *obj = job_json(j);
+    if (obj) {
+        json_object_set_new(obj, "blocks", blocks);
+        json_object_set_new(obj, "telemetry", summary_json(j));
+    }
+    answer_json(a, 200, obj);
+}
+
+static const prism_block_view *find_block(const prismd_snap_job *j, uint32_t id)
+{
+    size_t lo = 0, hi = j->nblocks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (j->blocks[mid].id == id)
+            return &j->blocks[mid];
+        if (j->blocks[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static void get_block(prismd_rest *r, const prismd_snap_job *j, const char *id_text, prismd_answer *a)
+{
+    char *end = NULL;
+    unsigned long long id = strtoull(id_text, &end, 10);
+    if (id_text[0] < '0' || id_text[0] > '9' || *end || id > UINT32_MAX) {
+        answer_error(a, 400, "invalid_argument", "block id \"%.64s\" is not an integer from 0 to 4294967295",
+                     id_text);
+        return;
+    }
+    const prism_block_view *v = find_block(j, (uint32_t)id);
+    if (!v) {
+        answer_error(a, 404, "not_found", "job %s has no block %llu", j->id, id);
+        return;
+    }
+    json_t *obj = block_json(v);
+    json_t *history = json_array();
+    prismd_switch_row rows[HISTORY_MAX];
+    prism_error err;
+    long n = r->reader ? prismd_store_switch_history(r->reader, j->id, (uint32_t)id, rows, HISTORY_MAX, &err) : 0;
+    for (long i = 0; i < n; i++)
+        json_array_append_new(history, json_pack("{s:I, s:s, s:s, s:s, s:I}", "step", (json_int_t)rows[i].step, "from",
+                                                 rows[i].from, "to", rows[i].to, "reason", rows[i].reason,
+                                                 "map_version", (json_int_t)rows[i].map_version));
+    if (obj) {
+        json_object_set_new(obj, "job_id", json_string(j->id));
+        json_object_set_new(obj, "history", history);
+    }
+    answer_json(a, 200, obj);
+}
+
+/* ---- /metrics ---- */
+
+typedef struct text {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} text;
+
+static void add(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void add(text *t, const char *fmt, ...)
+{
+    for (int attempt = 0; attempt < 2 && !t->failed; attempt++) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->data ? t->data + t->len : NULL, t->data ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->failed = true;
+            return;
+        }
+        if (t->data && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t ncap = t->cap ? t->cap : 8192;
+        while (ncap <= t->len + (size_t)n)
+            ncap *= 2;
+        char *nd = realloc(t->data, ncap);
+        if (!nd) {
+            t->failed = true;
+            return;
+        }
+        t->data = nd;
+        t->cap = ncap;
+    }
+}
+
+static void family(text *t, const char *name, const char *type, const char *help)
+{
+    add(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
+{
+    text t = {0};
+    family(&t, "prism_jobs", "gauge", "Jobs held by this prismd.");
+    add(&t, "prism_jobs %zu\n", snap->njobs);
+    family(&t, "prism_agents_connected", "gauge", "Agent streams connected, per job.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_agents_connected{job=\"%s\"} %u\n", snap->jobs[i].id, snap->jobs[i].agents);
+    family(&t, "prism_world_size", "gauge", "Ranks per step of the job.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_world_size{job=\"%s\"} %u\n", snap->jobs[i].id, snap->jobs[i].world_size);
+    family(&t, "prism_blocks", "gauge", "Blocks per job and precision.");
+    for (size_t i = 0; i < snap->njobs; i++) {
+        size_t count[PRISM_PRECISION_COUNT] = {0};
+        for (size_t b = 0; b < snap->jobs[i].nblocks; b++)
+            count[snap->jobs[i].blocks[b].precision]++;
+        for (int p = 0; p < PRISM_PRECISION_COUNT; p++)
+            add(&t, "prism_blocks{job=\"%s\",precision=\"%s\"} %zu\n", snap->jobs[i].id,
+                prism_precision_name((prism_precision)p), count[p]);
+    }
+    family(&t, "prism_precision_switches_total", "counter", "Block precision changes since start, by reason.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        for (int r = 1; r < PRISMD_REASONS; r++)
+            add(&t, "prism_precision_switches_total{job=\"%s\",reason=\"%s\"} %llu\n", snap->jobs[i].id,
+                prism_reason_name((prism_reason)r), (unsigned long long)snap->jobs[i].switches[r]);
+    family(&t, "prism_block_sensitivity", "gauge", "Sensitivity score s of each scored block at the last decision.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        for (size_t b = 0; b < snap->jobs[i].nblocks; b++)
+            if (snap->jobs[i].blocks[b].has_score)
+                add(&t, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", snap->jobs[i].id,
+                    snap->jobs[i].blocks[b].id, snap->jobs[i].blocks[b].sensitivity);
+    family(&t, "prism_bandwidth_saving_percent", "gauge",
+           "Estimated transfer bandwidth saved by low-precision blocks at the last decision.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        if (snap->jobs[i].has_summary)
+            add(&t, "prism_bandwidth_saving_percent{job=\"%s\"} %.17g\n", snap->jobs[i].id,
+                snap->jobs[i].summary.bandwidth_saving_pct);
+    family(&t, "prism_last_step", "gauge", "The last step the policy collected, per job.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        if (snap->jobs[i].has_step)
+            add(&t, "prism_last_step{job=\"%s\"} %llu\n", snap->jobs[i].id,
+                (unsigned long long)snap->jobs[i].last_step);
+    family(&t, "prism_map_version", "gauge", "Version of the job's precision map.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_map_version{job=\"%s\"} %llu\n", snap->jobs[i].id, (unsigned long long)snap->jobs[i].map_version);
+    family(&t, "prism_step_reports_total", "counter", "Step reports received from agents, by outcome.");
+    add(&t, "prism_step_reports_total{outcome=\"accepted\"} %llu\n", (unsigned long long)snap->reports_accepted);
+    add(&t, "prism_step_reports_total{outcome=\"malformed\"} %llu\n", (unsigned long long)snap->reports_rejected);
+    add(&t, "prism_step_reports_total{outcome=\"late\"} %llu\n", (unsigned long long)snap->reports_dropped_late);
+    add(&t, "prism_step_reports_total{outcome=\"repeated\"} %llu\n",
+        (unsigned long long)snap->reports_dropped_repeated);
+    family(&t, "prism_block_records_received_total", "counter", "Per-block statistics records accepted.");
+    add(&t, "prism_block_records_received_total %llu\n", (unsigned long long)snap->block_records);
+    family(&t, "prism_decisions_total", "counter", "Policy decisions made.");
+    add(&t, "prism_decisions_total %llu\n", (unsigned long long)snap->decisions);
+    family(&t, "prism_map_updates_sent_total", "counter", "Precision map updates queued to agents.");
+    add(&t, "prism_map_updates_sent_total %llu\n", (unsigned long long)snap->updates_sent);
+    family(&t, "prism_store_errors_total", "counter", "Decisions the store could not save (their maps were not sent).");
+    add(&t, "prism_store_errors_total %llu\n", (unsigned long long)snap->store_errors);
+    family(&t, "prism_agent_streams_refused_total", "counter",
+           "Agent streams ended for a bad Hello, a wrong token, an unknown job or a message out of order.");
+    add(&t, "prism_agent_streams_refused_total %llu\n", (unsigned long long)snap->agents_refused);
+    family(&t, "prism_decision_duration_seconds", "histogram", "Time of one policy decision, ingest of its step included.");
+    for (int b = 0; b < PRISMD_DECISION_BUCKETS; b++)
+        add(&t, "prism_decision_duration_seconds_bucket{le=\"%g\"} %llu\n", prismd_decision_buckets[b],
+            (unsigned long long)snap->decision_buckets[b]);
+    add(&t, "prism_decision_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)snap->decision_count);
+    add(&t, "prism_decision_duration_seconds_sum %.9f\n", snap->decision_seconds);
+    add(&t, "prism_decision_duration_seconds_count %llu\n", (unsigned long long)snap->decision_count);
+    family(&t, "prism_http_requests_total", "counter", "HTTP requests answered, by status class.");
+    static const char *const classes[6] = {"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"};
+    for (int c = 1; c < 6; c++)
+        add(&t, "prism_http_requests_total{code=\"%s\"} %llu\n", classes[c],
+            (unsigned long long)atomic_load(&http_by_class[c]));
+    family(&t, "prism_http_request_duration_seconds", "histogram", "Time to answer an HTTP request.");
+    for (int b = 0; b < HTTP_BUCKETS; b++)
+        add(&t, "prism_http_request_duration_seconds_bucket{le=\"%g\"} %llu\n", http_bounds[b],
+            (unsigned long long)atomic_load(&http_bucket_counts[b]));
+    unsigned long long count = atomic_load(&http_count);
+    add(&t, "prism_http_request_duration_seconds_bucket{le=\"+Inf\"} %llu\n", count);
+    add(&t, "prism_http_request_duration_seconds_sum %.6f\n", (double)atomic_load(&http_micros) / 1e6);
+    add(&t, "prism_http_request_duration_seconds_count %llu\n", count);
+    if (t.failed) {
+        free(t.data);
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    a->status = 200;
+    a->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    a->body = t.data;
+}
+
+/* ---- routing ---- */
+
+/* Splits "/v1/jobs/JOB/REST" into JOB and REST; false when path is not under /v1/jobs/. */
+static bool job_path(const char *path, char *job, size_t job_len, const char **rest)
+{
+    static const char prefix[] = "/v1/jobs/";
+    if (strncmp(path, prefix, sizeof prefix - 1) != 0)
+        return false;
+    const char *id = path + sizeof prefix - 1;
+    const char *slash = strchr(id, '/');
+    size_t n = slash ? (size_t)(slash - id) : strlen(id);
+    if (n == 0 || n >= job_len)
+        return false;
+    memcpy(job, id, n);
+    job[n] = '\0';
+    *rest = slash ? slash : "";
+    return true;
+}
+
+bool prismd_rest_owns(const char *path)
+{
+    char job[160];
+    const char *rest;
+    if (strcmp(path, "/metrics") == 0 || strcmp(path, "/v1/jobs") == 0)
+        return true;
+    if (!job_path(path, job, sizeof job, &rest))
+        return false;
+    return strcmp(rest, "/blocks") == 0 || strncmp(rest, "/blocks/", 8) == 0 || strcmp(rest, "/config") == 0;
+}
+
+bool prismd_rest_get(prismd_rest *r, const char *path, prismd_answer *a)
+{
+    if (!prismd_rest_owns(path))
+        return false;
+    prismd_snapshot *snap = prismd_snapshots_get(r->snapshots);
+    if (!snap) {
+        answer_error(a, 503, "not_ready", "prismd is starting");
+        return true;
+    }
+    char job_id[160];
+    const char *rest = "";
+    if (strcmp(path, "/metrics") == 0) {
+        get_metrics(snap, a);
+    } else if (strcmp(path, "/v1/jobs") == 0) {
+        get_jobs(snap, a);
+    } else {
+        job_path(path, job_id, sizeof job_id, &rest);
+        const prismd_snap_job *j = prismd_snapshot_find(snap, job_id);
+        if (!j)
+            answer_error(a, 404, "not_found", "job %.128s does not exist", job_id);
+        else if (strcmp(rest, "/blocks") == 0)
+            get_blocks(j, a);
+        else if (strcmp(rest, "/config") == 0)
+            answer_json(a, 200, prism_config_to_json(&j->config));
+        else
+            get_block(r, j, rest + 8, a);
+    }
+    prismd_snapshot_release(snap);
+    return true;
+}

@@ -1,0 +1,66 @@
+#include "snapshot.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const double prismd_decision_buckets[PRISMD_DECISION_BUCKETS] = {1e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2, 0.1};
+
+void prismd_snapshots_init(prismd_snapshots *s)
+{
+    pthread_mutex_init(&s->lock, NULL);
+    s->current = NULL;
+}
+
+void prismd_snapshot_release(prismd_snapshot *snap)
+{
+    if (!snap || atomic_fetch_sub(&snap->refs, 1) != 1)
+        return;
+    for (size_t i = 0; i < snap->njobs; i++) {
+        prism_config_free(&snap->jobs[i].config);
+        free(snap->jobs[i].blocks);
+    }
+    free(snap->jobs);
+    free(snap);
+}
+
+void prismd_snapshots_destroy(prismd_snapshots *s)
+{
+    prismd_snapshot_release(s->current);
+    s->current = NULL;
+    pthread_mutex_destroy(&s->lock);
+}
+
+void prismd_snapshots_publish(prismd_snapshots *s, prismd_snapshot *snap)
+{
+    pthread_mutex_lock(&s->lock);
+    prismd_snapshot *old = s->current;
+    s->current = snap;
+    pthread_mutex_unlock(&s->lock);
+    prismd_snapshot_release(old);
+}
+
+prismd_snapshot *prismd_snapshots_get(prismd_snapshots *s)
+{
+    pthread_mutex_lock(&s->lock);
+    prismd_snapshot *snap = s->current;
+    if (snap)
+        atomic_fetch_add(&snap->refs, 1);
+    pthread_mutex_unlock(&s->lock);
+    return snap;
+}
+
+const prismd_snap_job *prismd_snapshot_find(const prismd_snapshot *snap, const char *job_id)
+{
+    size_t lo = 0, hi = snap->njobs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(snap->jobs[mid].id, job_id);
+        if (c == 0)
+            return &snap->jobs[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}

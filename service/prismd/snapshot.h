@@ -1,0 +1,61 @@
+/* Snapshots (DESIGN 7): the policy thread publishes an immutable copy of what REST and
+ * /metrics show after every change; HTTP handlers take a reference to the latest one and never
+ * touch live job state. */
+#ifndef PRISMD_SNAPSHOT_H
+#define PRISMD_SNAPSHOT_H
+
+#include "policy.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define PRISMD_REASONS 6 /* prism_reason values */
+#define PRISMD_DECISION_BUCKETS 8
+
+extern const double prismd_decision_buckets[PRISMD_DECISION_BUCKETS]; /* seconds, upper bounds */
+
+typedef struct prismd_snap_job {
+    char id[129];
+    uint32_t world_size;
+    uint32_t agents;             /* Connect streams bound to the job */
+    bool has_step;
+    uint64_t last_step;          /* the last step the policy collected */
+    uint64_t map_version, decided_step, effective_step;
+    prism_config config;         /* in force */
+    bool has_summary;            /* a decision was made since start */
+    prism_summary summary;       /* of the last decision */
+    size_t nblocks;
+    prism_block_view *blocks;    /* ascending id */
+    uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
+} prismd_snap_job;
+
+typedef struct prismd_snapshot {
+    atomic_int refs;
+    size_t njobs;
+    prismd_snap_job *jobs;       /* ascending id */
+    /* service-wide counters */
+    uint64_t reports_accepted, reports_rejected, reports_dropped_late, reports_dropped_repeated;
+    uint64_t block_records, decisions, updates_sent, store_errors, agents_refused;
+    uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */
+    uint64_t decision_count;
+    double decision_seconds;
+} prismd_snapshot;
+
+typedef struct prismd_snapshots {
+    pthread_mutex_t lock;
+    prismd_snapshot *current;
+} prismd_snapshots;
+
+void prismd_snapshots_init(prismd_snapshots *s);
+void prismd_snapshots_destroy(prismd_snapshots *s);
+
+/* Makes snap the current one (taking the caller's reference). */
+void prismd_snapshots_publish(prismd_snapshots *s, prismd_snapshot *snap);
+
+/* The current snapshot with one more reference (NULL before the first publish). */
+prismd_snapshot *prismd_snapshots_get(prismd_snapshots *s);
+void prismd_snapshot_release(prismd_snapshot *snap);
+
+const prismd_snap_job *prismd_snapshot_find(const prismd_snapshot *snap, const char *job_id);
+
+#endif
