@@ -561,6 +561,18 @@ json_t *prism_config_to_json(const prism_config *cfg)
     return obj;
 }
 
+char *prism_json_dumps_exact(const json_t *obj, size_t flags)
+{
+    char *text = json_dumps(obj, flags | JSON_REAL_PRECISION(15));
+    json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+    bool exact = back && json_equal(back, (json_t *)obj);
+    json_decref(back);
+    if (exact)
+        return text;
+    free(text);
+    return json_dumps(obj, flags | JSON_REAL_PRECISION(17));
+}
+
 void prism_config_print_help(FILE *out)
 {
     static const char *const type_names[] = {"bool", "integer", "number", "choice", "string", "block ids"};

@@ -105,6 +105,11 @@ prism_status prism_config_validate(const prism_config *cfg, prism_error *err);
 /* The config as a bare JSON object with every key of the table. Caller decrefs. */
 json_t *prism_config_to_json(const prism_config *cfg);
 
+/* json_dumps with numbers as people write them (0.6, not 0.59999999999999998): 15 significant
+ * digits when the whole document reads back to exactly the same values, else the 17 digits
+ * that always do. Caller frees. */
+char *prism_json_dumps_exact(const json_t *obj, size_t flags);
+
 /* Prints the table (key, default, range, help) for --help texts. */
 void prism_config_print_help(FILE *out);
 

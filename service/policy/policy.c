@@ -122,6 +122,11 @@ const prism_config *prism_policy_config(const prism_policy *p)
     return &p->cfg;
 }
 
+const prism_config *prism_policy_next_config(const prism_policy *p)
+{
+    return p->has_pending ? &p->pending : &p->cfg;
+}
+
 prism_status prism_policy_set_config(prism_policy *p, const prism_config *cfg, prism_error *err)
 {
     prism_status st = prism_config_validate(cfg, err);

@@ -96,6 +96,9 @@ void prism_policy_destroy(prism_policy *p);
 /* The config in force (a new one set with prism_policy_set_config waits for the next decision). */
 const prism_config *prism_policy_config(const prism_policy *p);
 
+/* The config the next decision will use: the one set last, or the one in force. */
+const prism_config *prism_policy_next_config(const prism_policy *p);
+
 /* Validates and copies cfg; it takes effect at the next decision (DESIGN 4.2, 6). */
 prism_status prism_policy_set_config(prism_policy *p, const prism_config *cfg, prism_error *err);
 

@@ -9,6 +9,7 @@
 #include "prism/v1/prism.pb-c.h"
 
 #include <grpc/status.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
@@ -886,5 +887,118 @@ void prismd_jobs_for_each_stream(prismd_jobs *j, void (*fn)(prismd_stream *s, vo
             fn(job->agents[k].stream, ctx);
         for (size_t k = 0; k < job->nwatchers; k++)
             fn(job->watchers[k], ctx);
+    }
+}
+
+/* ---- REST mutations ---- */
+
+/* A JSON answer (malloc'd) from a jansson object (taken). */
+static char *render(json_t *obj)
+{
+    char *text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    return text;
+}
+
+static char *error_answer(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static char *error_answer(const char *code, const char *fmt, ...)
+{
+    char message[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    return render(json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message));
+}
+
+static unsigned run_command(prismd_jobs *j, const prismd_command *c, char **answer)
+{
+    prismd_job *job = find_job(j, c->job_id);
+    if (!job) {
+        *answer = error_answer("not_found", "job %.128s does not exist", c->job_id);
+        return 404;
+    }
+    const char *admin = j->limits.admin_token;
+    if (job->token || admin) {
+        if (!c->auth) {
+            *answer = error_answer("unauthenticated", "job %s: this change needs the job's or the admin bearer token",
+                                   job->id);
+            return 401;
+        }
+        bool ok = (job->token && strcmp(job->token, c->auth) == 0) || (admin && strcmp(admin, c->auth) == 0);
+        if (!ok) {
+            *answer = error_answer("permission_denied", "job %s: wrong token", job->id);
+            return 403;
+        }
+    }
+    json_error_t jerr;
+    json_t *body = json_loadb(c->body, c->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!body) {
+        *answer = error_answer("invalid_argument", "body: line %d, column %d: %s", jerr.line, jerr.column, jerr.text);
+        return 400;
+    }
+    if (!json_is_object(body)) {
+        json_decref(body);
+        *answer = error_answer("invalid_argument", "body: expected a JSON object");
+        return 400;
+    }
+    json_t *changes = body;
+    if (c->kind == PRISMD_COMMAND_PUT_OVERRIDES) {
+        /* PUT replaces both lists: a missing one is empty. */
+        const char *key;
+        json_t *value;
+        json_object_foreach(body, key, value) {
+            if (strcmp(key, "force_bf16_blocks") != 0 && strcmp(key, "force_int8_blocks") != 0) {
+                *answer = error_answer("invalid_argument",
+                                       "%s: unknown key (overrides take force_bf16_blocks and force_int8_blocks)", key);
+                json_decref(body);
+                return 400;
+            }
+        }
+        changes = json_object();
+        json_t *bf16 = json_object_get(body, "force_bf16_blocks");
+        json_t *low = json_object_get(body, "force_int8_blocks");
+        json_object_set_new(changes, "force_bf16_blocks", bf16 ? json_incref(bf16) : json_array());
+        json_object_set_new(changes, "force_int8_blocks", low ? json_incref(low) : json_array());
+        json_decref(body);
+    }
+    prism_config cfg;
+    prism_error err;
+    prism_status st = prism_config_apply_json(prism_policy_next_config(job->policy), changes, "", &cfg, &err);
+    json_decref(changes);
+    if (st) {
+        *answer = error_answer("invalid_argument", "%s", err.message);
+        return 400;
+    }
+    /* Durable first, as every change of a job. */
+    if (j->store && prismd_store_save_job(j->store, job->id, job->token, job->world_size, &cfg, &err)) {
+        prism_config_free(&cfg);
+        j->counters.store_errors++;
+        *answer = error_answer("unavailable", "the store cannot save the change: %s", err.message);
+        return 503;
+    }
+    if ((st = prism_policy_set_config(job->policy, &cfg, &err))) {
+        prism_config_free(&cfg);
+        *answer = error_answer("invalid_argument", "%s", err.message);
+        return 400;
+    }
+    prismd_log(PRISMD_LOG_INFO, c->kind == PRISMD_COMMAND_PATCH_CONFIG ? "config changed" : "overrides changed", "job",
+               job->id, "applies", "at the next decision", LOG_END);
+    *answer = render(json_pack("{s:s, s:s, s:o}", "job_id", job->id, "applies", "at the next decision", "config",
+                               prism_config_to_json(&cfg)));
+    prism_config_free(&cfg);
+    return *answer ? 200 : 500;
+}
+
+void prismd_jobs_run_commands(prismd_jobs *j, prismd_commands *q)
+{
+    prismd_command *c = prismd_commands_take(q);
+    while (c) {
+        prismd_command *next = c->next;
+        char *answer = NULL;
+        unsigned status = run_command(j, c, &answer);
+        prismd_commands_answer(q, c, status, answer);
+        c = next;
     }
 }

@@ -4,6 +4,7 @@
 #ifndef PRISMD_JOBS_H
 #define PRISMD_JOBS_H
 
+#include "commands.h"
 #include "config.h"
 #include "prism/common.h"
 #include "snapshot.h"
@@ -34,6 +35,7 @@ typedef struct prismd_jobs_limits {
     size_t max_jobs;
     size_t max_blocks;   /* per job */
     bool auto_create;    /* a Hello for an unknown job creates it; false: NOT_FOUND */
+    const char *admin_token; /* accepted for every job's mutations; NULL: none */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {
@@ -74,6 +76,10 @@ bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, cons
  * once for decisions, agents and jobs; at most every 250 ms for plain steps). Returns
  * milliseconds until the next step may time out (-1: none). */
 int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms);
+
+/* Runs the queued REST mutations and answers them. Mutations of a job that has a token (or
+ * when an admin token is set) need one of them as the request's bearer token. */
+void prismd_jobs_run_commands(prismd_jobs *j, prismd_commands *q);
 
 /* Ends every stream of every job (shutdown). */
 void prismd_jobs_for_each_stream(prismd_jobs *j, void (*fn)(prismd_stream *s, void *ctx), void *ctx);

@@ -63,6 +63,7 @@ typedef struct prismd_options {
     size_t max_jobs;
     size_t max_blocks;
     bool auto_create;
+    char *admin_token; /* read from --admin-token-file */
     const char *data_dir;
     const char *config_path; /* NULL: the built-in policy defaults */
     prismd_log_level log_level;
@@ -198,6 +199,24 @@ static prism_status set_max_blocks(prismd_options *opts, const char *value, pris
     return set_size(&opts->max_blocks, value, 1, 10000000, err);
 }
 
+/* The admin token is read from a file so that it never shows in a process list. */
+static prism_status set_admin_token_file(prismd_options *opts, const char *value, prism_error *err)
+{
+    size_t len = 0;
+    char *text = prism_file_read(value, &len, err);
+    if (!text)
+        return err->status;
+    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' '))
+        text[--len] = '\0';
+    if (len == 0 || strlen(text) != len) {
+        free(text);
+        return prism_error_set(err, PRISM_ERR_INVALID, "%.200s: the token is empty or not text", value);
+    }
+    free(opts->admin_token);
+    opts->admin_token = text;
+    return PRISM_OK;
+}
+
 static prism_status set_auto_create(prismd_options *opts, const char *value, prism_error *err)
 {
     if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
@@ -268,6 +287,9 @@ static const prismd_option prismd_option_table[] = {
     {"auto-create", 0, "true|false", "true", set_auto_create,
      "a Hello for an unknown job creates it, keeping the Hello's bearer token as the job's "
      "token; false: NOT_FOUND"},
+    {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
+     "file holding the admin bearer token, accepted for every job's REST changes; without it "
+     "a job's changes need the job's token when it has one"},
     {"data-dir", 0, "DIR", "./prism-data", set_data_dir,
      "state directory, created (mode 0750) if missing and locked through DIR/" PRISMD_LOCK_NAME
      " so that one prismd at a time uses it"},
@@ -485,17 +507,79 @@ static void format_client(struct MHD_Connection *conn, char *out, size_t size)
     }
 }
 
-/* libmicrohttpd's access handler. Every request is answered on its first call; a request body,
- * which no route takes, is discarded. */
+/* A request's body, gathered over the handler's calls. */
+typedef struct request_body {
+    char *data;
+    size_t len;
+    bool too_large;
+} request_body;
+
+#define PRISMD_BODY_MAX (1u << 20)
+
+static bool gather_body(request_body *b, const char *data, size_t n)
+{
+    if (b->too_large || b->len + n > PRISMD_BODY_MAX) {
+        b->too_large = true;
+        return true;
+    }
+    char *grown = realloc(b->data, b->len + n + 1);
+    if (!grown)
+        return false;
+    memcpy(grown + b->len, data, n);
+    b->data = grown;
+    b->len += n;
+    b->data[b->len] = '\0';
+    return true;
+}
+
+static void http_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                           enum MHD_RequestTerminationCode code)
+{
+    (void)cls;
+    (void)conn;
+    (void)code;
+    request_body *b = *req_cls;
+    if (b) {
+        free(b->data);
+        free(b);
+        *req_cls = NULL;
+    }
+}
+
+/* The token of "Authorization: Bearer TOKEN", or NULL. */
+static const char *bearer(struct MHD_Connection *conn)
+{
+    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!v || strncasecmp(v, "Bearer ", 7) != 0)
+        return NULL;
+    return v + 7;
+}
+
+/* libmicrohttpd's access handler. A GET or HEAD is answered on its first call; a request with
+ * a body (PATCH, PUT, POST) once the whole body (at most 1 MiB) has arrived. */
 static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const char *url,
                                    const char *method, const char *version,
                                    const char *upload_data, size_t *upload_data_size,
                                    void **req_cls)
 {
     (void)version;
-    (void)upload_data;
-    (void)req_cls;
     prismd_server *srv = cls;
+    bool with_body = strcmp(method, MHD_HTTP_METHOD_PATCH) == 0 || strcmp(method, MHD_HTTP_METHOD_PUT) == 0 ||
+                     strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+    request_body *body = *req_cls;
+    if (with_body && !body) {
+        body = calloc(1, sizeof *body);
+        if (!body)
+            return MHD_NO;
+        *req_cls = body;
+        return MHD_YES;
+    }
+    if (with_body && *upload_data_size) {
+        if (!gather_body(body, upload_data, *upload_data_size))
+            return MHD_NO;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
     *upload_data_size = 0;
     struct timespec started;
     clock_gettime(CLOCK_MONOTONIC, &started);
@@ -508,22 +592,25 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                     strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     prismd_reply reply = {0, NULL, NULL};
-    bool rest = !route && prismd_rest_owns(url);
-    if (!route && !rest)
+    const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
+    prismd_answer answer = {0, NULL, NULL};
+    if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
-    else if (!readable)
-        reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
-                    "%.64s is not allowed on %.256s (allowed: " PRISMD_ALLOWED_METHODS ")", method,
-                    url);
-    else if (route)
+    } else if (body && body->too_large) {
+        reply_error(&reply, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is over %u bytes",
+                    PRISMD_BODY_MAX);
+    } else if (route && readable) {
         route->get(srv, &reply);
-    else {
-        prismd_answer answer = {0, NULL, NULL};
-        prismd_rest_get(&srv->rest, url, &answer);
-        reply.status = answer.status;
-        reply.body = answer.body;
-        reply.content_type = answer.content_type;
+    } else if (!route && readable && prismd_rest_get(&srv->rest, url, &answer)) {
+        reply = (prismd_reply){answer.status, answer.body, answer.content_type};
+    } else if (!route && body &&
+               prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
+                                  &answer)) {
+        reply = (prismd_reply){answer.status, answer.body, answer.content_type};
+    } else {
+        reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
+                    "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
     }
 
     if (prismd_log_threshold <= PRISMD_LOG_DEBUG) {
@@ -545,7 +632,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
                                                  reply.content_type ? reply.content_type : "application/json");
     if (ok == MHD_YES && reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, PRISMD_ALLOWED_METHODS);
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
     if (ok == MHD_YES)
         ok = MHD_queue_response(conn, reply.status, resp);
     MHD_destroy_response(resp);
@@ -590,7 +677,8 @@ static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *o
     return MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
                             &http_log, srv, MHD_OPTION_SOCK_ADDR,
                             (const struct sockaddr *)&opts->http_addr,
-                            MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                            &http_completed, NULL, MHD_OPTION_END);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -757,23 +845,6 @@ static void print_usage(FILE *out)
     prism_config_print_help(out);
 }
 
-/* Pretty-prints the config with numbers as people wrote them (0.6, not 0.59999999999999998):
- * 15 significant digits when that reads back to exactly the same values, else the 17 digits
- * that always do. */
-static char *config_render(const json_t *obj)
-{
-    const size_t flags = JSON_INDENT(2) | JSON_PRESERVE_ORDER;
-    char *text = json_dumps(obj, flags | JSON_REAL_PRECISION(15));
-    json_t *back = text ? json_loads(text, 0, NULL) : NULL;
-    bool exact = back && json_equal(back, obj);
-    json_decref(back);
-    if (exact)
-        return text;
-    free(text);
-    return json_dumps(obj, flags | JSON_REAL_PRECISION(17));
-}
-
-/* Loads --config (or the built-in defaults) and renders it for /v1/config/defaults. */
 /* Loads the policy config for new jobs into *cfg and renders it as JSON for /v1/config/defaults. */
 static prism_status load_policy_defaults(const prismd_options *opts, prism_config *cfg, char **json_text,
                                          prism_error *err)
@@ -783,7 +854,7 @@ static prism_status load_policy_defaults(const prismd_options *opts, prism_confi
     if (st != PRISM_OK)
         return st;
     json_t *obj = prism_config_to_json(cfg);
-    *json_text = obj ? config_render(obj) : NULL;
+    *json_text = obj ? prism_json_dumps_exact(obj, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
     if (!*json_text) {
         prism_config_free(cfg);
@@ -805,6 +876,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     prismd_store *store = NULL, *reader = NULL;
     prismd_snapshots snapshots;
     prismd_snapshots_init(&snapshots);
+    prismd_commands commands;
+    prismd_commands_init(&commands);
 
     if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
         prismd_log(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
@@ -830,6 +903,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     }
     srv.rest.snapshots = &snapshots;
     srv.rest.reader = reader;
+    srv.rest.commands = &commands;
     daemon = http_start(&srv, opts);
     if (!daemon) {
         pthread_mutex_lock(&srv.http_error_lock);
@@ -846,7 +920,11 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         .snapshots = &snapshots,
         .listen = opts->grpc_text,
         .max_message_bytes = opts->max_message_bytes,
-        .limits = {.max_jobs = opts->max_jobs, .max_blocks = opts->max_blocks, .auto_create = opts->auto_create},
+        .limits = {.max_jobs = opts->max_jobs,
+                   .max_blocks = opts->max_blocks,
+                   .auto_create = opts->auto_create,
+                   .admin_token = opts->admin_token},
+        .commands = &commands,
     };
     rpc = prismd_rpc_start(&rpc_opts, defaults, &err);
     if (!rpc) {
@@ -873,6 +951,8 @@ out:
     prismd_store_close(reader);
     prismd_store_close(store);
     prismd_snapshots_destroy(&snapshots);
+    prismd_commands_close(&commands);
+    prismd_commands_destroy(&commands);
     if (srv.lock_fd >= 0)
         close(srv.lock_fd);
     pthread_mutex_destroy(&srv.http_error_lock);
@@ -923,5 +1003,6 @@ int main(int argc, char **argv)
     int status = prismd_serve(&opts, &defaults, defaults_json);
     free(defaults_json);
     prism_config_free(&defaults);
+    free(opts.admin_token);
     return status;
 }

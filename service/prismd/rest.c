@@ -40,7 +40,7 @@ static void answer_json(prismd_answer *a, unsigned status, json_t *obj)
 {
     a->status = status;
     a->content_type = "application/json";
-    a->body = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+    a->body = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
 }
 
@@ -317,20 +317,51 @@ static bool job_path(const char *path, char *job, size_t job_len, const char **r
     return true;
 }
 
-bool prismd_rest_owns(const char *path)
+const char *prismd_rest_allowed(const char *path)
 {
     char job[160];
     const char *rest;
     if (strcmp(path, "/metrics") == 0 || strcmp(path, "/v1/jobs") == 0)
-        return true;
+        return "GET, HEAD";
+    if (!job_path(path, job, sizeof job, &rest))
+        return NULL;
+    if (strcmp(rest, "/blocks") == 0 || strncmp(rest, "/blocks/", 8) == 0)
+        return "GET, HEAD";
+    if (strcmp(rest, "/config") == 0)
+        return "GET, HEAD, PATCH";
+    if (strcmp(rest, "/overrides") == 0)
+        return "PUT";
+    return NULL;
+}
+
+static bool readable(const char *path)
+{
+    const char *allowed = prismd_rest_allowed(path);
+    return allowed && strncmp(allowed, "GET", 3) == 0;
+}
+
+bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, const char *auth, const char *body,
+                        size_t body_len, prismd_answer *a)
+{
+    char job[160];
+    const char *rest;
     if (!job_path(path, job, sizeof job, &rest))
         return false;
-    return strcmp(rest, "/blocks") == 0 || strncmp(rest, "/blocks/", 8) == 0 || strcmp(rest, "/config") == 0;
+    prismd_command_kind kind;
+    if (strcmp(method, "PATCH") == 0 && strcmp(rest, "/config") == 0)
+        kind = PRISMD_COMMAND_PATCH_CONFIG;
+    else if (strcmp(method, "PUT") == 0 && strcmp(rest, "/overrides") == 0)
+        kind = PRISMD_COMMAND_PUT_OVERRIDES;
+    else
+        return false;
+    a->status = prismd_commands_run(r->commands, kind, job, auth, body, body_len, 5000, &a->body);
+    a->content_type = "application/json";
+    return true;
 }
 
 bool prismd_rest_get(prismd_rest *r, const char *path, prismd_answer *a)
 {
-    if (!prismd_rest_owns(path))
+    if (!readable(path))
         return false;
     prismd_snapshot *snap = prismd_snapshots_get(r->snapshots);
     if (!snap) {

@@ -3,12 +3,14 @@
 #ifndef PRISMD_REST_H
 #define PRISMD_REST_H
 
+#include "commands.h"
 #include "snapshot.h"
 #include "store.h"
 
 typedef struct prismd_rest {
     prismd_snapshots *snapshots;
     prismd_store *reader; /* read-only; NULL: no history */
+    prismd_commands *commands; /* mutations go to the policy thread through it */
 } prismd_rest;
 
 typedef struct prismd_answer {
@@ -20,8 +22,13 @@ typedef struct prismd_answer {
 /* Answers a GET of one of REST's paths; returns false when the path is not REST's. */
 bool prismd_rest_get(prismd_rest *r, const char *path, prismd_answer *a);
 
-/* True when the path is one of REST's (for 405 on other methods). */
-bool prismd_rest_owns(const char *path);
+/* The methods a REST path takes ("GET, HEAD", ...), or NULL when the path is not REST's. */
+const char *prismd_rest_allowed(const char *path);
+
+/* Answers PATCH /v1/jobs/{job}/config and PUT /v1/jobs/{job}/overrides; returns false for any
+ * other method and path. auth: the request's bearer token or NULL. */
+bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, const char *auth, const char *body,
+                        size_t body_len, prismd_answer *a);
 
 /* Counts one HTTP request for /metrics. Thread-safe. */
 void prismd_http_observe(unsigned status, double seconds);

@@ -76,6 +76,7 @@ struct prismd_rpc {
     grpc_completion_queue *cq;
     void *methods[3];
     prismd_jobs *jobs;
+    prismd_commands *commands;
     pthread_t thread;
     atomic_bool stop;
     bool shutting_down;
@@ -465,13 +466,17 @@ static void *policy_thread(void *arg)
     for (int k = 0; k < 3; k++)
         request_call(r, (call_kind)k);
     while (!atomic_load(&r->stop)) {
+        if (r->commands)
+            prismd_jobs_run_commands(r->jobs, r->commands);
         int64_t wait = prismd_jobs_tick(r->jobs, now_ms());
         if (wait < 0 || wait > TICK_MS)
             wait = TICK_MS;
         process(r, in_ms(wait));
     }
-    /* Shutdown: every stream ends with UNAVAILABLE; no new call is taken. */
+    /* Shutdown: every stream ends with UNAVAILABLE; no new call or command is taken. */
     r->shutting_down = true;
+    if (r->commands)
+        prismd_commands_close(r->commands);
     for (prismd_stream *s = r->live; s; s = s->next)
         if (s->started && s->kind != CALL_GET_MAP)
             call_end(s, GRPC_STATUS_UNAVAILABLE, "prismd is shutting down");
@@ -496,6 +501,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
         return NULL;
     }
     snprintf(r->listen, sizeof r->listen, "%s", opts->listen);
+    r->commands = opts->commands;
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
     r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, opts->snapshots, err);
     if (!r->jobs) {

@@ -13,6 +13,7 @@ typedef struct prismd_rpc_options {
     prismd_jobs_limits limits;
     prismd_store *store;         /* jobs are restored from it and saved to it; the caller closes it */
     prismd_snapshots *snapshots; /* where the policy thread publishes what REST shows */
+    prismd_commands *commands;   /* REST mutations the policy thread runs */
 } prismd_rpc_options;
 
 /* Binds, starts the policy thread and returns; NULL with err filled when the address cannot be

@@ -178,7 +178,8 @@ prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const ch
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
     sqlite3_stmt *st = NULL;
     prism_status rc = PRISM_OK;
-    if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO jobs(id, token, world_size, config) VALUES(?,?,?,?)", -1,
+    if (sqlite3_prepare_v2(s->db, "INSERT INTO jobs(id, token, world_size, config) VALUES(?,?,?,?) ON CONFLICT(id) DO UPDATE SET"
+                           " token = excluded.token, world_size = excluded.world_size, config = excluded.config", -1,
                            &st, NULL) != SQLITE_OK) {
         rc = db_error(s, err, "save job");
     } else {

@@ -58,9 +58,12 @@ class Prismd:
         self.channel = grpc.insecure_channel(self.grpc_addr)
         grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
 
-    def http(self, path, method="GET"):
+    def http(self, path, method="GET", body=None, token=None):
         """(status, body) of a request to prismd's HTTP side."""
-        req = urllib.request.Request("http://%s%s" % (self.http_addr, path), method=method)
+        req = urllib.request.Request("http://%s%s" % (self.http_addr, path), method=method,
+                                     data=body.encode() if isinstance(body, str) else body)
+        if token:
+            req.add_header("Authorization", "Bearer " + token)
         try:
             with urllib.request.urlopen(req, timeout=WAIT_S) as r:
                 return r.status, r.read().decode()
@@ -526,6 +529,102 @@ class GrpcTest(unittest.TestCase):
         }
         for key, value in expected.items():
             self.assertEqual(values.get(key), value, key)
+
+    def one_job_decided(self, token="tok-r"):
+        """job-r, one rank, norms 3 and 1: block 1 int8 at step 2 (map_version 1)."""
+        a = self.agent(token)
+        a.hello("job-r", 0, 1)
+        a.next()
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        self.assertEqual(a.next().update.map_version, 1)
+        return a
+
+    def test_config_patch_is_checked_then_applied_at_the_next_decision(self):
+        a = self.one_job_decided()
+        path = "/v1/jobs/job-r/config"
+        cases = [(None, '{"warmup_steps": 3}', 401, "unauthenticated", "needs the job's or the admin bearer token"),
+                 ("wrong", '{"warmup_steps": 3}', 403, "permission_denied", "wrong token"),
+                 ("tok-r", '{"warmup_stepz": 3}', 400, "invalid_argument",
+                  "warmup_stepz: unknown key (did you mean warmup_steps?)"),
+                 ("tok-r", '{"history_window": 0}', 400, "invalid_argument", "history_window: 0 is outside [1, 1000]"),
+                 ("tok-r", '{"int8_threshold": 0.7}', 400, "invalid_argument",
+                  "int8_threshold: must be less than bf16_threshold"),
+                 ("tok-r", '{"mode": ', 400, "invalid_argument", "body: line 1, column"),
+                 ("tok-r", '[1]', 400, "invalid_argument", "body: expected a JSON object")]
+        for token, body, status, code, message in cases:
+            got, text = self.prismd.http(path, "PATCH", body, token)
+            self.assertEqual(got, status, body)
+            err = json.loads(text)["error"]
+            self.assertEqual(err["code"], code, body)
+            self.assertIn(message, err["message"], body)
+        got, text = self.prismd.http(path, "PATCH", '{"low_precision": "fp8_e4m3", "history_window": 3}', "tok-r")
+        self.assertEqual(got, 200, text)
+        doc = json.loads(text)
+        self.assertEqual((doc["job_id"], doc["applies"], doc["config"]["low_precision"],
+                          doc["config"]["history_window"], doc["config"]["warmup_steps"]),
+                         ("job-r", "at the next decision", "fp8_e4m3", 3, 2))
+        # In force only from the next decision: the low block moves to the new format then.
+        self.assertEqual(json.loads(self.prismd.http(path)[1])["low_precision"], "int8")
+        a.step(3, (3.0, 1.0))
+        a.step(4, (3.0, 1.0))
+        u = a.next().update
+        self.assertEqual((u.map_version, u.decided_step), (2, 4))
+        self.assertEqual(precisions(u.blocks), [(0, pb.BF16), (1, pb.FP8_E4M3)])
+        self.assertEqual(u.blocks[1].reason, pb.REASON_MODE)
+        config = self.prismd.json_until(path, lambda d: d["low_precision"] == "fp8_e4m3")
+        self.assertEqual(config["history_window"], 3)
+        # The change is in the store: it survives kill -9.
+        a.close()
+        self.agents.remove(a)
+        self.prismd.kill()
+        self.prismd = Prismd(reuse=self.prismd)
+        config = self.prismd.json_until(path, lambda d: True)
+        self.assertEqual((config["low_precision"], config["history_window"]), ("fp8_e4m3", 3))
+
+    def test_overrides_put_forces_blocks_at_the_next_decision(self):
+        a = self.one_job_decided()
+        path = "/v1/jobs/job-r/overrides"
+        for body, message in [('{"force_bf16_blocks": [1], "force_int8_blocks": [1]}',
+                               "force_int8_blocks: block 1 is also in force_bf16_blocks"),
+                              ('{"force_bf16": [1]}', "force_bf16: unknown key"),
+                              ('{"force_bf16_blocks": [-1]}', "force_bf16_blocks[0]: expected a block id")]:
+            got, text = self.prismd.http(path, "PUT", body, "tok-r")
+            self.assertEqual(got, 400, body)
+            self.assertIn(message, json.loads(text)["error"]["message"])
+        got, text = self.prismd.http(path, "PUT", '{"force_bf16_blocks": [1]}', "tok-r")
+        self.assertEqual(got, 200, text)
+        self.assertEqual(json.loads(text)["config"]["force_bf16_blocks"], [1])
+        a.step(3, (3.0, 1.0))
+        a.step(4, (3.0, 1.0))
+        u = a.next().update
+        self.assertEqual((u.map_version, u.decided_step), (2, 4))
+        self.assertEqual(precisions(u.blocks), [(0, pb.BF16), (1, pb.BF16)])
+        self.assertEqual(u.blocks[1].reason, pb.REASON_OVERRIDE)
+        doc = self.prismd.json_until("/v1/jobs/job-r/blocks", lambda d: d["map_version"] == 2)
+        self.assertEqual([b["forced"] for b in doc["blocks"]], [False, True])
+        # PUT replaces both lists: an empty body lifts the override (the block stays bf16 by hysteresis).
+        got, text = self.prismd.http(path, "PUT", "{}", "tok-r")
+        self.assertEqual((got, json.loads(text)["config"]["force_bf16_blocks"]), (200, []))
+
+    def test_admin_token_may_change_any_job(self):
+        self.prismd.stop()
+        admin = os.path.join(tempfile.mkdtemp(prefix="prism-admin-"), "admin-token")
+        with open(admin, "w") as f:
+            f.write("the-admin\n")
+        self.prismd = Prismd("--admin-token-file", admin)
+        self.one_job_decided()
+        got, text = self.prismd.http("/v1/jobs/job-r/config", "PATCH", '{"warmup_steps": 4}', "the-admin")
+        self.assertEqual(got, 200, text)
+        got, _ = self.prismd.http("/v1/jobs/job-r/config", "PATCH", '{"warmup_steps": 4}', "not-the-admin")
+        self.assertEqual(got, 403)
+        shutil.rmtree(os.path.dirname(admin))
+
+    def test_oversized_body_is_413(self):
+        self.one_job_decided()
+        got, text = self.prismd.http("/v1/jobs/job-r/config", "PATCH", "{" + " " * (1 << 20) + "}", "tok-r")
+        self.assertEqual(got, 413)
+        self.assertEqual(json.loads(text)["error"]["code"], "too_large")
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
