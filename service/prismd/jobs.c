@@ -6,12 +6,15 @@
 #include "log.h"
 #include "merge.h"
 #include "policy.h"
+#include "telemetry.h"
 #include "prism/v1/prism.pb-c.h"
 
 #include <grpc/status.h>
 #include <jansson.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +48,8 @@ struct prismd_job {
     prismd_stream **watchers;
     size_t nwatchers, cap_watchers;
     rank_ack *acks;         /* world_size entries */
+    FILE *telemetry;        /* the job's telemetry JSONL, opened at its first record */
+    char telemetry_name[256]; /* the telemetry_file it was opened as */
     uint64_t switches[PRISMD_REASONS];
     bool has_summary;
     prism_summary summary;  /* of the last decision */
@@ -55,6 +60,7 @@ struct prismd_jobs {
     prismd_jobs_limits limits;
     prismd_store *store;
     prismd_snapshots *snapshots;
+    prism_buf line;         /* scratch for telemetry records */
     bool dirty, urgent;     /* something REST shows changed since the last publish */
     int64_t last_publish_ms;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS];
@@ -124,6 +130,8 @@ prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_
 
 static void job_free(prismd_job *job)
 {
+    if (job->telemetry)
+        fclose(job->telemetry);
     prism_policy_destroy(job->policy);
     prism_merger_destroy(job->merger);
     free(job->token);
@@ -141,6 +149,7 @@ void prismd_jobs_destroy(prismd_jobs *j)
         job_free(j->jobs[i]);
     free(j->jobs);
     prism_config_free(&j->defaults);
+    prism_buf_free(&j->line);
     free(j);
 }
 
@@ -157,10 +166,15 @@ static prismd_job *find_job(const prismd_jobs *j, const char *id)
     return NULL;
 }
 
+/* Job ids name directories under the data dir: letters, digits, '-', '_', '.', starting with
+ * a letter or digit (so never "." or ".."). */
 static bool valid_job_id(const char *id)
 {
     size_t n = strlen(id);
     if (n == 0 || n > JOB_ID_MAX)
+        return false;
+    bool alnum0 = (id[0] >= 'a' && id[0] <= 'z') || (id[0] >= 'A' && id[0] <= 'Z') || (id[0] >= '0' && id[0] <= '9');
+    if (!alnum0)
         return false;
     for (size_t i = 0; i < n; i++) {
         char c = id[i];
@@ -484,7 +498,8 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         return fail(end, GRPC_STATUS_FAILED_PRECONDITION, "a second Hello on one stream");
     if (!h->job_id || !valid_job_id(h->job_id))
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT,
-                    "hello.job_id: 1 to %d characters of letters, digits, '-', '_' or '.'", JOB_ID_MAX);
+                    "hello.job_id: 1 to %d characters of letters, digits, '-', '_' or '.', starting with a letter or digit",
+                    JOB_ID_MAX);
     const char *token = peer->auth ? peer->auth : (h->token && h->token[0] ? h->token : NULL);
     prismd_job *job = find_job(j, h->job_id);
     if (!job) {
@@ -544,6 +559,60 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     return true;
 }
 
+/* DATA_DIR/jobs/JOB/NAME: where a job's files live. */
+int prismd_job_file(const char *data_dir, const char *job_id, const char *name, char *out, size_t len)
+{
+    return snprintf(out, len, "%s/jobs/%s/%s", data_dir, job_id, name);
+}
+
+/* Appends the decision's record to the job's telemetry JSONL (DESIGN 4.4). */
+static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary *summary)
+{
+    const prism_config *cfg = prism_policy_config(job->policy);
+    if (!cfg->telemetry_enabled || !j->limits.data_dir)
+        return;
+    if (job->telemetry && strcmp(job->telemetry_name, cfg->telemetry_file) != 0) {
+        fclose(job->telemetry); /* the config names another file now */
+        job->telemetry = NULL;
+    }
+    if (!job->telemetry) {
+        snprintf(job->telemetry_name, sizeof job->telemetry_name, "%s", cfg->telemetry_file);
+        char path[4096];
+        prismd_job_file(j->limits.data_dir, "", "", path, sizeof path);
+        mkdir(path, 0750);
+        prismd_job_file(j->limits.data_dir, job->id, "", path, sizeof path);
+        mkdir(path, 0750);
+        prismd_job_file(j->limits.data_dir, job->id, cfg->telemetry_file, path, sizeof path);
+        job->telemetry = fopen(path, "a");
+        if (!job->telemetry) {
+            prismd_log(PRISMD_LOG_ERROR, "cannot open the telemetry file", "job", job->id, "path", path, "error",
+                       strerror(errno), LOG_END);
+            return;
+        }
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    j->line.len = 0;
+    if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9) ||
+        fwrite(j->line.data, 1, j->line.len, job->telemetry) != j->line.len || fflush(job->telemetry) != 0)
+        prismd_log(PRISMD_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
+}
+
+static void log_changes(const prismd_job *job, const prism_step_result *r)
+{
+    if (!prism_policy_config(job->policy)->log_decisions)
+        return;
+    for (size_t i = 0; i < r->change_count; i++) {
+        const prism_change *c = &r->changes[i];
+        char block[16], step[24];
+        snprintf(block, sizeof block, "%u", c->block_id);
+        snprintf(step, sizeof step, "%llu", (unsigned long long)c->step);
+        prismd_log(PRISMD_LOG_INFO, "precision changed", "job", job->id, "block", block, "from",
+                   prism_precision_name(c->from), "to", prism_precision_name(c->to), "reason",
+                   prism_reason_name(c->reason), "step", step, LOG_END);
+    }
+}
+
 /* Hands every ready merged step to the policy and pushes a changed map. */
 static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
 {
@@ -594,6 +663,9 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         }
         if (r.map_changed)
             broadcast_map(j, job);
+        log_changes(job, &r);
+        if (r.decided)
+            write_telemetry(j, job, &r.summary);
     }
 }
 

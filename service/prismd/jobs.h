@@ -36,6 +36,7 @@ typedef struct prismd_jobs_limits {
     size_t max_blocks;   /* per job */
     bool auto_create;    /* a Hello for an unknown job creates it; false: NOT_FOUND */
     const char *admin_token; /* accepted for every job's mutations; NULL: none */
+    const char *data_dir;    /* jobs' files (telemetry) go under DATA_DIR/jobs/JOB/; NULL: none */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {
@@ -76,6 +77,9 @@ bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, cons
  * once for decisions, agents and jobs; at most every 250 ms for plain steps). Returns
  * milliseconds until the next step may time out (-1: none). */
 int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms);
+
+/* Writes DATA_DIR/jobs/JOB/NAME into out; returns what snprintf returns. */
+int prismd_job_file(const char *data_dir, const char *job_id, const char *name, char *out, size_t len);
 
 /* Runs the queued REST mutations and answers them. Mutations of a job that has a token (or
  * when an admin token is set) need one of them as the request's bearer token. */

@@ -546,6 +546,11 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **req_cl
     }
 }
 
+static const char *query_arg(void *ctx, const char *name)
+{
+    return MHD_lookup_connection_value(ctx, MHD_GET_ARGUMENT_KIND, name);
+}
+
 /* The token of "Authorization: Bearer TOKEN", or NULL. */
 static const char *bearer(struct MHD_Connection *conn)
 {
@@ -602,7 +607,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
                     PRISMD_BODY_MAX);
     } else if (route && readable) {
         route->get(srv, &reply);
-    } else if (!route && readable && prismd_rest_get(&srv->rest, url, &answer)) {
+    } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type};
     } else if (!route && body &&
                prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
@@ -829,12 +834,19 @@ static void print_usage(FILE *out)
         {"GET /v1/jobs/JOB/blocks", "the block map (precision, scores, last switch, forced) and the last decision's telemetry"},
         {"GET /v1/jobs/JOB/blocks/ID", "one block with its recent switch history"},
         {"GET /v1/jobs/JOB/config", "the job's policy config in force"},
+        {"PATCH /v1/jobs/JOB/config", "change config keys (validated in full; applies at the next decision)"},
+        {"PUT /v1/jobs/JOB/overrides", "{\"force_bf16_blocks\": [...], \"force_int8_blocks\": [...]} (next decision)"},
+        {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
     };
     for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
         print_help_entry(out, rest_routes[i][0], rest_routes[i][1], NULL);
     fprintf(out,
             "\n"
+            "Changes need Authorization: Bearer TOKEN (the job's token, or the admin token) when the\n"
+            "job has a token or --admin-token-file is given.\n"
+            "Files: DIR/prism.db (SQLite, WAL) and DIR/jobs/JOB/TELEMETRY_FILE (JSONL, one record per\n"
+            "decision).\n"
             "Logs: logfmt lines on stderr (ts, level, msg, fields).\n"
             "Signals: SIGTERM or SIGINT ends agent streams with UNAVAILABLE, stops the server,\n"
             "releases the lock and exits 0.\n"
@@ -904,6 +916,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.rest.snapshots = &snapshots;
     srv.rest.reader = reader;
     srv.rest.commands = &commands;
+    srv.rest.data_dir = opts->data_dir;
     daemon = http_start(&srv, opts);
     if (!daemon) {
         pthread_mutex_lock(&srv.http_error_lock);
@@ -923,7 +936,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         .limits = {.max_jobs = opts->max_jobs,
                    .max_blocks = opts->max_blocks,
                    .auto_create = opts->auto_create,
-                   .admin_token = opts->admin_token},
+                   .admin_token = opts->admin_token,
+                   .data_dir = opts->data_dir},
         .commands = &commands,
     };
     rpc = prismd_rpc_start(&rpc_opts, defaults, &err);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "rest.h"
 
+#include "jobs.h"
 #include "telemetry.h"
 
 #include <jansson.h>
@@ -161,6 +162,68 @@ static void get_block(prismd_rest *r, const prismd_snap_job *j, const char *id_t
         json_object_set_new(obj, "history", history);
     }
     answer_json(a, 200, obj);
+}
+
+/* A query integer in [min, max], or def when absent; false when present but not one. */
+static bool query_int(prismd_query_fn query, void *ctx, const char *name, unsigned long long def,
+                      unsigned long long min, unsigned long long max, unsigned long long *out, prismd_answer *a)
+{
+    const char *text = query ? query(ctx, name) : NULL;
+    if (!text) {
+        *out = def;
+        return true;
+    }
+    char *end = NULL;
+    unsigned long long x = strtoull(text, &end, 10);
+    if (text[0] < '0' || text[0] > '9' || *end || x < min || x > max) {
+        answer_error(a, 400, "invalid_argument", "%s: \"%.64s\" is not an integer from %llu to %llu", name, text, min,
+                     max);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* The job's telemetry records with step_id >= since_step, oldest first, at most limit. The
+ * lines of the JSONL file are copied as they are. */
+static void get_telemetry(prismd_rest *r, const prismd_snap_job *j, prismd_query_fn query, void *ctx,
+                          prismd_answer *a)
+{
+    unsigned long long since, limit;
+    if (!query_int(query, ctx, "since_step", 0, 0, UINT64_MAX >> 1, &since, a) ||
+        !query_int(query, ctx, "limit", 100, 1, 1000, &limit, a))
+        return;
+    char path[4096];
+    prismd_job_file(r->data_dir, j->id, j->config.telemetry_file, path, sizeof path);
+    prism_buf out = {0};
+    bool ok = prism_buf_append(&out, "{\"job_id\":\"", 11) == PRISM_OK &&
+              prism_buf_append(&out, j->id, strlen(j->id)) == PRISM_OK &&
+              prism_buf_append(&out, "\",\"records\":[", 13) == PRISM_OK;
+    FILE *f = r->data_dir ? fopen(path, "r") : NULL;
+    char *line = NULL;
+    size_t cap = 0, count = 0;
+    ssize_t n;
+    static const char key[] = "{\"step_id\":";
+    while (ok && f && count < limit && (n = getline(&line, &cap, f)) > 0) {
+        if (strncmp(line, key, sizeof key - 1) != 0 || line[n - 1] != '\n')
+            continue; /* not a record, or one still being written */
+        if (strtoull(line + sizeof key - 1, NULL, 10) < since)
+            continue;
+        ok = (count == 0 || prism_buf_append(&out, ",", 1) == PRISM_OK) &&
+             prism_buf_append(&out, line, (size_t)n - 1) == PRISM_OK;
+        count++;
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    if (!ok || prism_buf_append(&out, "]}", 2) != PRISM_OK) {
+        prism_buf_free(&out);
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    a->status = 200;
+    a->content_type = "application/json";
+    a->body = out.data;
 }
 
 /* ---- /metrics ---- */
@@ -329,6 +392,8 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD";
     if (strcmp(rest, "/config") == 0)
         return "GET, HEAD, PATCH";
+    if (strcmp(rest, "/telemetry") == 0)
+        return "GET, HEAD";
     if (strcmp(rest, "/overrides") == 0)
         return "PUT";
     return NULL;
@@ -359,7 +424,7 @@ bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, co
     return true;
 }
 
-bool prismd_rest_get(prismd_rest *r, const char *path, prismd_answer *a)
+bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, void *query_ctx, prismd_answer *a)
 {
     if (!readable(path))
         return false;
@@ -383,6 +448,8 @@ bool prismd_rest_get(prismd_rest *r, const char *path, prismd_answer *a)
             get_blocks(j, a);
         else if (strcmp(rest, "/config") == 0)
             answer_json(a, 200, prism_config_to_json(&j->config));
+        else if (strcmp(rest, "/telemetry") == 0)
+            get_telemetry(r, j, query, query_ctx, a);
         else
             get_block(r, j, rest + 8, a);
     }

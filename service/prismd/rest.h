@@ -11,7 +11,11 @@ typedef struct prismd_rest {
     prismd_snapshots *snapshots;
     prismd_store *reader; /* read-only; NULL: no history */
     prismd_commands *commands; /* mutations go to the policy thread through it */
+    const char *data_dir;      /* for the jobs' telemetry files */
 } prismd_rest;
+
+/* A query argument of the request, or NULL. */
+typedef const char *(*prismd_query_fn)(void *ctx, const char *name);
 
 typedef struct prismd_answer {
     unsigned status;
@@ -20,7 +24,7 @@ typedef struct prismd_answer {
 } prismd_answer;
 
 /* Answers a GET of one of REST's paths; returns false when the path is not REST's. */
-bool prismd_rest_get(prismd_rest *r, const char *path, prismd_answer *a);
+bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, void *query_ctx, prismd_answer *a);
 
 /* The methods a REST path takes ("GET, HEAD", ...), or NULL when the path is not REST's. */
 const char *prismd_rest_allowed(const char *path);

@@ -626,5 +626,32 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(got, 413)
         self.assertEqual(json.loads(text)["error"]["code"], "too_large")
 
+    def test_telemetry_is_written_per_job_and_served(self):
+        a = self.one_job_decided()
+        a.step(3, (1.0, 3.0))
+        a.step(4, (1.0, 3.0))
+        self.assertEqual(a.next().update.map_version, 2)
+        path = "/v1/jobs/job-r/telemetry"
+        doc = self.prismd.json_until(path, lambda d: len(d["records"]) == 2)
+        self.assertEqual(doc["job_id"], "job-r")
+        first, second = doc["records"]
+        self.assertEqual(sorted(first), sorted(["step_id", "timestamp", "blocks_bf16", "blocks_int8", "mean_sensitivity",
+                                                "max_sensitivity", "min_sensitivity", "precision_changes",
+                                                "estimated_bandwidth_saving_pct", "low_precision", "map_version",
+                                                "block_details"]))
+        self.assertEqual((first["step_id"], first["blocks_int8"], first["precision_changes"],
+                          first["estimated_bandwidth_saving_pct"], first["map_version"]), (2, 1, 1, 25.0, 1))
+        self.assertEqual((second["step_id"], second["blocks_int8"], second["map_version"]), (4, 0, 2))
+        self.assertEqual(second["block_details"]["1"], {"precision": "bf16", "sensitivity": 0.75, "grad_score": 0.75,
+                                                        "error_score": None, "relative_magnitude": 1.5})
+        self.assertLess(abs(first["timestamp"] - time.time()), 60)
+        self.assertEqual([r["step_id"] for r in json.loads(self.prismd.http(path + "?since_step=3")[1])["records"]], [4])
+        self.assertEqual([r["step_id"] for r in json.loads(self.prismd.http(path + "?limit=1")[1])["records"]], [2])
+        status, body = self.prismd.http(path + "?limit=0")
+        self.assertEqual((status, json.loads(body)["error"]["message"]), (400, 'limit: "0" is not an integer from 1 to 1000'))
+        with open(os.path.join(self.prismd.dir, "data", "jobs", "job-r", "selective_precision_telemetry.jsonl")) as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual([r["step_id"] for r in lines], [2, 4])
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
