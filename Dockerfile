@@ -16,7 +16,7 @@ RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DPRISM_CUDA=OFF -DPRISM_BEN
 FROM debian:12-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libjansson4 libprotobuf-c1 libmicrohttpd12 libsqlite3-0 libgrpc29 ca-certificates \
+      libjansson4 libprotobuf-c1 libmicrohttpd12 libsqlite3-0 libgrpc29 libcurl4 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system prism \
  && useradd --system --gid prism --home-dir /var/lib/prism --shell /usr/sbin/nologin prism \

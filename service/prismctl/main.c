@@ -1,8 +1,9 @@
-/* prismctl: Prism's command line. Offline tools today (replay); REST commands join the table
- * below as the service grows. */
+/* prismctl: Prism's command line: REST commands against a prismd, and offline tools (replay). */
+#define _POSIX_C_SOURCE 200809L
 #include "prismctl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct command {
@@ -12,6 +13,10 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"jobs", prismctl_rest, "list a prismd's jobs (REST)"},
+    {"blocks", prismctl_rest, "show a job's block map as a table (REST)"},
+    {"config", prismctl_rest, "get or patch a job's policy config (REST)"},
+    {"overrides", prismctl_rest, "set a job's force_bf16_blocks and force_int8_blocks (REST)"},
     {"replay", prismctl_replay, "run the policy over a recorded trace and print its telemetry JSONL"},
 };
 
@@ -19,7 +24,7 @@ static const command commands[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: prismctl COMMAND [OPTIONS]\n\nCommands:\n");
+    fprintf(out, "usage: prismctl [--server URL] [--token TOKEN] COMMAND [OPTIONS]\n\nCommands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\n`prismctl COMMAND --help` describes a command.\n");
@@ -27,6 +32,13 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    /* --server and --token may come before the command too; they reach it as its defaults. */
+    while (argc >= 3 && (strcmp(argv[1], "--server") == 0 || strcmp(argv[1], "--token") == 0)) {
+        setenv(strcmp(argv[1], "--server") == 0 ? "PRISM_SERVER" : "PRISM_TOKEN", argv[2], 1);
+        argv[2] = argv[0];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -4,4 +4,7 @@
 
 int prismctl_replay(int argc, char **argv);
 
+/* jobs, blocks, config, overrides: REST commands against a prismd (argv[0] is the command). */
+int prismctl_rest(int argc, char **argv);
+
 #endif

@@ -653,5 +653,52 @@ class GrpcTest(unittest.TestCase):
             lines = [json.loads(line) for line in f]
         self.assertEqual([r["step_id"] for r in lines], [2, 4])
 
+    def prismctl(self, *args, token=None):
+        env = dict(os.environ, PRISM_SERVER="http://" + self.prismd.http_addr)
+        env.pop("PRISM_TOKEN", None)
+        if token:
+            env["PRISM_TOKEN"] = token
+        p = subprocess.run([os.path.join(BUILD, "service", "prismctl"), *args], capture_output=True, text=True,
+                           timeout=WAIT_S, env=env)
+        return p.returncode, p.stdout, p.stderr
+
+    def test_prismctl_rest_commands(self):
+        self.one_job_decided()
+        self.prismd.json_until("/v1/jobs", lambda d: len(d["jobs"]) == 1 and d["jobs"][0]["map_version"] == 1)
+        code, out, err = self.prismctl("jobs")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(out.splitlines(), [
+            "JOB                            STEP MAP_VERSION  AGENTS  WORLD  BLOCKS",
+            "job-r                             2           1       1      1       2"])
+        code, out, _ = self.prismctl("blocks", "job-r")
+        self.assertEqual(code, 0)
+        self.assertEqual(out.splitlines()[1:], [
+            "0        bf16           0.7500     0.7500           -    1.5000           - none      no",
+            "1        int8           0.2500     0.2500           -    0.5000           2 score     no",
+            "map_version 1, step 2, last decision at step 2: 1 bf16, 1 low (int8), saving 25.0%"])
+        code, out, _ = self.prismctl("config", "get", "job-r")
+        self.assertEqual((code, json.loads(out)["warmup_steps"]), (0, 2))
+        code, out, err = self.prismctl("config", "patch", "job-r", "bf16_threshold=0.7")
+        self.assertEqual(code, 2)
+        self.assertIn("the server answered 401", err)
+        code, out, err = self.prismctl("--token", "tok-r", "config", "patch", "job-r", "bf16_threshold=0.7", "mode=static")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual((json.loads(out)["config"]["bf16_threshold"], json.loads(out)["config"]["mode"]), (0.7, "static"))
+        code, out, err = self.prismctl("config", "patch", "job-r", "bf16_treshold=0.7", token="tok-r")
+        self.assertEqual(code, 2)
+        self.assertIn("bf16_treshold: unknown key (did you mean bf16_threshold?)", err)
+        code, out, err = self.prismctl("overrides", "job-r", "--bf16", "0", "--low", "1", token="tok-r")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["config"]["force_int8_blocks"], [1])
+        code, _, err = self.prismctl("overrides", "job-r", "--low", "1,x", token="tok-r")
+        self.assertEqual(code, 2)
+        self.assertIn("--bf16 and --low take block ids like 1,2,3", err)
+        code, _, err = self.prismctl("blocks", "nope")
+        self.assertEqual(code, 2)
+        self.assertIn("the server answered 404: job nope does not exist", err)
+        code, _, err = self.prismctl("--server", "http://127.0.0.1:1", "jobs")
+        self.assertEqual(code, 1)
+        self.assertIn("Couldn't connect", err)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
