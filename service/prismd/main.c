@@ -49,6 +49,7 @@
 #define PRISMD_LOCK_NAME "prismd.lock"
 #define PRISMD_DATA_DIR_MODE 0750
 #define PRISMD_HTTP_TIMEOUT_S 30u
+#define PRISMD_HTTP_THREADS 2u /* libmicrohttpd threads: reads never wait for a change in flight */
 
 /* ---------------------------------------------------------------------------------------------
  * Options: one table (name, argument, default, help) read by the parser, the defaults and --help.
@@ -403,8 +404,9 @@ typedef struct prismd_server {
 
 typedef struct prismd_reply {
     unsigned int status;
-    char *body; /* owned: from json_dumps or strdup */
+    char *body; /* owned: from json_dumps or strdup; or, with hold, the snapshot's */
     const char *content_type; /* NULL: application/json */
+    prismd_snapshot *hold;    /* released once libmicrohttpd is done with body */
 } prismd_reply;
 
 typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
@@ -546,6 +548,11 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **req_cl
     }
 }
 
+static void release_snapshot(void *snapshot)
+{
+    prismd_snapshot_release(snapshot);
+}
+
 static const char *query_arg(void *ctx, const char *name)
 {
     return MHD_lookup_connection_value(ctx, MHD_GET_ARGUMENT_KIND, name);
@@ -596,9 +603,9 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     }
     bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                     strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    prismd_reply reply = {0, NULL, NULL};
+    prismd_reply reply = {0, NULL, NULL, NULL};
     const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
-    prismd_answer answer = {0, NULL, NULL};
+    prismd_answer answer = {0, NULL, NULL, NULL};
     if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
@@ -608,11 +615,11 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     } else if (route && readable) {
         route->get(srv, &reply);
     } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
-        reply = (prismd_reply){answer.status, answer.body, answer.content_type};
+        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold};
     } else if (!route && body &&
                prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
                                   &answer)) {
-        reply = (prismd_reply){answer.status, answer.body, answer.content_type};
+        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold};
     } else {
         reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
                     "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
@@ -629,9 +636,16 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         prismd_log(PRISMD_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
         return MHD_NO;
     }
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(reply.body), reply.body, MHD_RESPMEM_MUST_COPY);
-    free(reply.body);
+    struct MHD_Response *resp;
+    if (reply.hold) {
+        resp = MHD_create_response_from_buffer_with_free_callback_cls(strlen(reply.body), reply.body,
+                                                                      release_snapshot, reply.hold);
+        if (!resp)
+            prismd_snapshot_release(reply.hold);
+    } else {
+        resp = MHD_create_response_from_buffer(strlen(reply.body), reply.body, MHD_RESPMEM_MUST_COPY);
+        free(reply.body);
+    }
     if (!resp)
         return MHD_NO;
     enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
@@ -682,7 +696,8 @@ static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *o
     return MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
                             &http_log, srv, MHD_OPTION_SOCK_ADDR,
                             (const struct sockaddr *)&opts->http_addr,
-                            MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                            MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
+                            PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
                             &http_completed, NULL, MHD_OPTION_END);
 }
 

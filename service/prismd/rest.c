@@ -98,16 +98,21 @@ static json_t *block_json(const prism_block_view *v)
                      prism_reason_name(v->reason), "forced", v->forced);
 }
 
-static void get_jobs(const prismd_snapshot *snap, prismd_answer *a)
+static char *render_jobs(const void *ctx)
 {
+    const prismd_snapshot *snap = ctx;
     json_t *jobs = json_array();
     for (size_t i = 0; jobs && i < snap->njobs; i++)
         json_array_append_new(jobs, job_json(&snap->jobs[i]));
-    answer_json(a, 200, json_pack("{s:o}", "jobs", jobs));
+    json_t *obj = json_pack("{s:o}", "jobs", jobs);
+    char *text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    return text;
 }
 
-static void get_blocks(const prismd_snap_job *j, prismd_answer *a)
+static char *render_blocks(const void *ctx)
 {
+    const prismd_snap_job *j = ctx;
     json_t *blocks = json_array();
     for (size_t i = 0; blocks && i < j->nblocks; i++)
         json_array_append_new(blocks, block_json(&j->blocks[i]));
@@ -116,7 +121,26 @@ static void get_blocks(const prismd_snap_job *j, prismd_answer *a)
         json_object_set_new(obj, "blocks", blocks);
         json_object_set_new(obj, "telemetry", summary_json(j));
     }
-    answer_json(a, 200, obj);
+    char *text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    return text;
+}
+
+/* A rendering kept in the snapshot and sent as it is (no copy): the answer holds a reference to
+ * the snapshot until the response is gone. */
+static void answer_cached(prismd_answer *a, prismd_snapshot *snap, _Atomic(char *) *slot,
+                          char *(*render)(const void *), const void *ctx)
+{
+    const char *text = prismd_snapshot_cached(slot, render, ctx);
+    if (!text) {
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    atomic_fetch_add(&snap->refs, 1);
+    a->hold = snap;
+    a->body = (char *)text;
+    a->status = 200;
+    a->content_type = "application/json";
 }
 
 static const prism_block_view *find_block(const prismd_snap_job *j, uint32_t id)
@@ -438,14 +462,14 @@ bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, vo
     if (strcmp(path, "/metrics") == 0) {
         get_metrics(snap, a);
     } else if (strcmp(path, "/v1/jobs") == 0) {
-        get_jobs(snap, a);
+        answer_cached(a, snap, &snap->jobs_json, render_jobs, snap);
     } else {
         job_path(path, job_id, sizeof job_id, &rest);
         const prismd_snap_job *j = prismd_snapshot_find(snap, job_id);
         if (!j)
             answer_error(a, 404, "not_found", "job %.128s does not exist", job_id);
         else if (strcmp(rest, "/blocks") == 0)
-            get_blocks(j, a);
+            answer_cached(a, snap, &((prismd_snap_job *)j)->blocks_json, render_blocks, j);
         else if (strcmp(rest, "/config") == 0)
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)

@@ -19,8 +19,9 @@ typedef const char *(*prismd_query_fn)(void *ctx, const char *name);
 
 typedef struct prismd_answer {
     unsigned status;
-    char *body;                /* malloc'd */
+    char *body;                /* malloc'd, or (hold set) the snapshot's own text */
     const char *content_type;
+    prismd_snapshot *hold;     /* when set: body lives in this snapshot; release it once sent */
 } prismd_answer;
 
 /* Answers a GET of one of REST's paths; returns false when the path is not REST's. */

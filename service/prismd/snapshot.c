@@ -18,7 +18,9 @@ void prismd_snapshot_release(prismd_snapshot *snap)
     for (size_t i = 0; i < snap->njobs; i++) {
         prism_config_free(&snap->jobs[i].config);
         free(snap->jobs[i].blocks);
+        free(atomic_load(&snap->jobs[i].blocks_json));
     }
+    free(atomic_load(&snap->jobs_json));
     free(snap->jobs);
     free(snap);
 }
@@ -63,4 +65,19 @@ const prismd_snap_job *prismd_snapshot_find(const prismd_snapshot *snap, const c
             hi = mid;
     }
     return NULL;
+}
+
+const char *prismd_snapshot_cached(_Atomic(char *) *slot, char *(*render)(const void *ctx), const void *ctx)
+{
+    char *have = atomic_load(slot);
+    if (have)
+        return have;
+    char *made = render(ctx);
+    if (!made)
+        return NULL;
+    char *expected = NULL;
+    if (atomic_compare_exchange_strong(slot, &expected, made))
+        return made;
+    free(made);
+    return expected;
 }

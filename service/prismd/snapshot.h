@@ -27,6 +27,7 @@ typedef struct prismd_snap_job {
     size_t nblocks;
     prism_block_view *blocks;    /* ascending id */
     uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
+    _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
 } prismd_snap_job;
 
 typedef struct prismd_snapshot {
@@ -39,7 +40,12 @@ typedef struct prismd_snapshot {
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */
     uint64_t decision_count;
     double decision_seconds;
+    _Atomic(char *) jobs_json;   /* GET /v1/jobs, rendered once */
 } prismd_snapshot;
+
+/* The cached text in *slot, or render()'s result stored there by the first caller (a race
+ * renders twice and keeps one). The snapshot owns it. */
+const char *prismd_snapshot_cached(_Atomic(char *) *slot, char *(*render)(const void *ctx), const void *ctx);
 
 typedef struct prismd_snapshots {
     pthread_mutex_t lock;
