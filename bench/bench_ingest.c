@@ -18,7 +18,8 @@
  * thread, and the target leaves ~1 us of the two cores per record for gRPC's own threads
  * (reading the socket, HPACK, framing) and for this client. Small reports (B ~ 100) pay the
  * per-message costs (the gRPC completion, the merge's step bookkeeping, one policy step per
- * step) over fewer records, so records/s falls with B.
+ * step) over fewer records, and this client's one send in flight per rank (a round trip through
+ * gRPC's threads per message) bounds them too, so records/s falls with B.
  *
  * The client is one thread per rank, each with its own channel and completion queue, one
  * SEND_MESSAGE and one RECV_MESSAGE in flight (updates are read and dropped, so prismd's
@@ -155,7 +156,8 @@ static double rnd(uint64_t *state)
 }
 
 /* Packs the rank's VARIANTS StepReport bodies (blocks only; step 0 and no loss leave nothing
- * else on the wire). A third of the blocks drift between variants, so decisions have work. */
+ * else on the wire). A third of the blocks drift between variants, so the scores move; the map
+ * itself settles at the first decision (one PrecisionUpdate per rank). */
 static bool pack_bodies(rank_ctx *r)
 {
     uint32_t nb = r->run->blocks;

@@ -407,6 +407,8 @@ typedef struct prismd_reply {
     char *body; /* owned: from json_dumps or strdup; or, with hold, the snapshot's */
     const char *content_type; /* NULL: application/json */
     prismd_snapshot *hold;    /* released once libmicrohttpd is done with body */
+    size_t body_len;          /* 0: strlen(body) */
+    bool gzip;                /* body is gzip-compressed */
 } prismd_reply;
 
 typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
@@ -548,6 +550,14 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **req_cl
     }
 }
 
+/* True when Accept-Encoding lists gzip (without q=0). */
+static bool accepts_gzip(struct MHD_Connection *conn)
+{
+    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING);
+    const char *g = v ? strstr(v, "gzip") : NULL;
+    return g && strncmp(g + 4, ";q=0", 4) != 0 && strncmp(g + 4, "; q=0", 5) != 0;
+}
+
 static void release_snapshot(void *snapshot)
 {
     prismd_snapshot_release(snapshot);
@@ -603,9 +613,9 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     }
     bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                     strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    prismd_reply reply = {0, NULL, NULL, NULL};
+    prismd_reply reply = {0};
     const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
-    prismd_answer answer = {0, NULL, NULL, NULL};
+    prismd_answer answer = {.accept_gzip = accepts_gzip(conn)};
     if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
@@ -615,11 +625,13 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     } else if (route && readable) {
         route->get(srv, &reply);
     } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
-        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold};
+        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
+                               answer.gzip};
     } else if (!route && body &&
                prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
                                   &answer)) {
-        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold};
+        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
+                               answer.gzip};
     } else {
         reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
                     "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
@@ -637,19 +649,24 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         return MHD_NO;
     }
     struct MHD_Response *resp;
+    size_t body_len = reply.body_len ? reply.body_len : strlen(reply.body);
     if (reply.hold) {
-        resp = MHD_create_response_from_buffer_with_free_callback_cls(strlen(reply.body), reply.body,
-                                                                      release_snapshot, reply.hold);
+        resp = MHD_create_response_from_buffer_with_free_callback_cls(body_len, reply.body, release_snapshot,
+                                                                      reply.hold);
         if (!resp)
             prismd_snapshot_release(reply.hold);
     } else {
-        resp = MHD_create_response_from_buffer(strlen(reply.body), reply.body, MHD_RESPMEM_MUST_COPY);
+        resp = MHD_create_response_from_buffer(body_len, reply.body, MHD_RESPMEM_MUST_COPY);
         free(reply.body);
     }
     if (!resp)
         return MHD_NO;
     enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
                                                  reply.content_type ? reply.content_type : "application/json");
+    if (ok == MHD_YES && reply.gzip)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
+    if (ok == MHD_YES && reply.hold)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
     if (ok == MHD_YES && reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
     if (ok == MHD_YES)

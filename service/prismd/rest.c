@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <zlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,12 +127,63 @@ static char *render_blocks(const void *ctx)
     return text;
 }
 
-/* A rendering kept in the snapshot and sent as it is (no copy): the answer holds a reference to
- * the snapshot until the response is gone. */
-static void answer_cached(prismd_answer *a, prismd_snapshot *snap, _Atomic(char *) *slot,
+/* gzip of text, stored as an 8-byte length then the bytes, so that it sits in a char* slot. */
+typedef struct gzip_job {
+    _Atomic(char *) *plain;
+    char *(*render)(const void *ctx);
+    const void *ctx;
+} gzip_job;
+
+static char *render_gzip(const void *arg)
+{
+    const gzip_job *g = arg;
+    const char *text = prismd_snapshot_cached(g->plain, g->render, g->ctx);
+    if (!text)
+        return NULL;
+    size_t len = strlen(text);
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    uLong bound = deflateBound(&z, (uLong)len);
+    char *out = malloc(sizeof(uint64_t) + bound);
+    if (out) {
+        z.next_in = (Bytef *)text;
+        z.avail_in = (uInt)len;
+        z.next_out = (Bytef *)out + sizeof(uint64_t);
+        z.avail_out = (uInt)bound;
+        if (deflate(&z, Z_FINISH) != Z_STREAM_END) {
+            free(out);
+            out = NULL;
+        } else {
+            uint64_t n = z.total_out;
+            memcpy(out, &n, sizeof n);
+        }
+    }
+    deflateEnd(&z);
+    return out;
+}
+
+/* A rendering kept in the snapshot and sent as it is (no copy), gzip-compressed when the
+ * client accepts it (compressed once per snapshot too): the answer holds a reference to the
+ * snapshot until the response is gone. */
+static void answer_cached(prismd_answer *a, prismd_snapshot *snap, _Atomic(char *) *slot, _Atomic(char *) *gz_slot,
                           char *(*render)(const void *), const void *ctx)
 {
-    const char *text = prismd_snapshot_cached(slot, render, ctx);
+    const char *text;
+    if (a->accept_gzip) {
+        gzip_job g = {slot, render, ctx};
+        text = prismd_snapshot_cached(gz_slot, render_gzip, &g);
+        if (text) {
+            uint64_t n;
+            memcpy(&n, text, sizeof n);
+            a->body_len = (size_t)n;
+            a->gzip = true;
+            text += sizeof n;
+        }
+    } else {
+        text = prismd_snapshot_cached(slot, render, ctx);
+    }
     if (!text) {
         answer_error(a, 500, "internal", "out of memory");
         return;
@@ -462,14 +514,15 @@ bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, vo
     if (strcmp(path, "/metrics") == 0) {
         get_metrics(snap, a);
     } else if (strcmp(path, "/v1/jobs") == 0) {
-        answer_cached(a, snap, &snap->jobs_json, render_jobs, snap);
+        answer_cached(a, snap, &snap->jobs_json, &snap->jobs_gzip, render_jobs, snap);
     } else {
         job_path(path, job_id, sizeof job_id, &rest);
         const prismd_snap_job *j = prismd_snapshot_find(snap, job_id);
         if (!j)
             answer_error(a, 404, "not_found", "job %.128s does not exist", job_id);
         else if (strcmp(rest, "/blocks") == 0)
-            answer_cached(a, snap, &((prismd_snap_job *)j)->blocks_json, render_blocks, j);
+            answer_cached(a, snap, &((prismd_snap_job *)j)->blocks_json, &((prismd_snap_job *)j)->blocks_gzip,
+                          render_blocks, j);
         else if (strcmp(rest, "/config") == 0)
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)

@@ -18,8 +18,11 @@ typedef struct prismd_rest {
 typedef const char *(*prismd_query_fn)(void *ctx, const char *name);
 
 typedef struct prismd_answer {
+    bool accept_gzip;          /* in: the client sent Accept-Encoding: gzip */
     unsigned status;
     char *body;                /* malloc'd, or (hold set) the snapshot's own text */
+    size_t body_len;           /* 0: strlen(body) */
+    bool gzip;                 /* body is gzip-compressed (Content-Encoding: gzip) */
     const char *content_type;
     prismd_snapshot *hold;     /* when set: body lives in this snapshot; release it once sent */
 } prismd_answer;

@@ -19,8 +19,10 @@ void prismd_snapshot_release(prismd_snapshot *snap)
         prism_config_free(&snap->jobs[i].config);
         free(snap->jobs[i].blocks);
         free(atomic_load(&snap->jobs[i].blocks_json));
+        free(atomic_load(&snap->jobs[i].blocks_gzip));
     }
     free(atomic_load(&snap->jobs_json));
+    free(atomic_load(&snap->jobs_gzip));
     free(snap->jobs);
     free(snap);
 }

@@ -28,6 +28,7 @@ typedef struct prismd_snap_job {
     prism_block_view *blocks;    /* ascending id */
     uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
+    _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */
 } prismd_snap_job;
 
 typedef struct prismd_snapshot {
@@ -41,6 +42,7 @@ typedef struct prismd_snapshot {
     uint64_t decision_count;
     double decision_seconds;
     _Atomic(char *) jobs_json;   /* GET /v1/jobs, rendered once */
+    _Atomic(char *) jobs_gzip;
 } prismd_snapshot;
 
 /* The cached text in *slot, or render()'s result stored there by the first caller (a race

@@ -5,6 +5,7 @@ message classes that protoc generated from proto/prism/v1/prism.proto at build t
 Starts the real prismd on free loopback ports with a scratch data dir. Every wait is bounded
 (WAIT_S) and every loop is bounded in count; prismd is stopped in every path."""
 
+import gzip
 import json
 import os
 import queue
@@ -699,6 +700,21 @@ class GrpcTest(unittest.TestCase):
         code, _, err = self.prismctl("--server", "http://127.0.0.1:1", "jobs")
         self.assertEqual(code, 1)
         self.assertIn("Couldn't connect", err)
+
+    def test_block_map_is_gzip_compressed_for_clients_that_accept_it(self):
+        self.one_job_decided()
+        doc = self.prismd.json_until("/v1/jobs/job-r/blocks", lambda d: d["map_version"] == 1)
+        req = urllib.request.Request("http://%s/v1/jobs/job-r/blocks" % self.prismd.http_addr,
+                                     headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+            self.assertEqual(r.headers["Content-Encoding"], "gzip")
+            self.assertEqual(r.headers["Vary"], "Accept-Encoding")
+            self.assertEqual(json.loads(gzip.decompress(r.read())), doc)
+        req = urllib.request.Request("http://%s/v1/jobs" % self.prismd.http_addr,
+                                     headers={"Accept-Encoding": "gzip;q=0"})
+        with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+            self.assertIsNone(r.headers["Content-Encoding"])
+            self.assertEqual(json.loads(r.read())["jobs"][0]["job_id"], "job-r")
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
