@@ -65,6 +65,8 @@ typedef struct prismd_options {
     size_t max_blocks;
     bool auto_create;
     char *admin_token; /* read from --admin-token-file */
+    char *tls_cert;    /* PEM, read from --tls-cert; with tls_key: both servers use TLS */
+    char *tls_key;
     const char *data_dir;
     const char *config_path; /* NULL: the built-in policy defaults */
     prismd_log_level log_level;
@@ -218,6 +220,32 @@ static prism_status set_admin_token_file(prismd_options *opts, const char *value
     return PRISM_OK;
 }
 
+/* A PEM file, read whole at start so that a bad path is an option error. */
+static prism_status read_pem(char **out, const char *value, const char *what, prism_error *err)
+{
+    size_t len = 0;
+    char *text = prism_file_read(value, &len, err);
+    if (!text)
+        return err->status;
+    if (!strstr(text, "-----BEGIN ")) {
+        free(text);
+        return prism_error_set(err, PRISM_ERR_INVALID, "%.200s: not a PEM %s", value, what);
+    }
+    free(*out);
+    *out = text;
+    return PRISM_OK;
+}
+
+static prism_status set_tls_cert(prismd_options *opts, const char *value, prism_error *err)
+{
+    return read_pem(&opts->tls_cert, value, "certificate", err);
+}
+
+static prism_status set_tls_key(prismd_options *opts, const char *value, prism_error *err)
+{
+    return read_pem(&opts->tls_key, value, "private key", err);
+}
+
 static prism_status set_auto_create(prismd_options *opts, const char *value, prism_error *err)
 {
     if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
@@ -291,6 +319,9 @@ static const prismd_option prismd_option_table[] = {
     {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
      "file holding the admin bearer token, accepted for every job's REST changes; without it "
      "a job's changes need the job's token when it has one"},
+    {"tls-cert", 0, "FILE", NULL, set_tls_cert,
+     "PEM certificate (chain); with --tls-key, gRPC and HTTP both serve TLS only"},
+    {"tls-key", 0, "FILE", NULL, set_tls_key, "PEM private key of --tls-cert"},
     {"data-dir", 0, "DIR", "./prism-data", set_data_dir,
      "state directory, created (mode 0750) if missing and locked through DIR/" PRISMD_LOCK_NAME
      " so that one prismd at a time uses it"},
@@ -386,6 +417,9 @@ static prism_status options_parse(prismd_options *opts, int argc, char **argv, p
             return st;
         }
     }
+    if (!opts->tls_cert != !opts->tls_key)
+        return prism_error_set(err, PRISM_ERR_INVALID, "--tls-cert and --tls-key go together (got only --%s)",
+                               opts->tls_cert ? "tls-cert" : "tls-key");
     return PRISM_OK;
 }
 
@@ -710,6 +744,13 @@ static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *o
         port = ntohs(((const struct sockaddr_in *)&opts->http_addr)->sin_port);
     }
     /* The logger goes first so that libmicrohttpd uses it for everything that follows. */
+    if (opts->tls_cert)
+        return MHD_start_daemon(flags | MHD_USE_TLS, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
+                                &http_log, srv, MHD_OPTION_HTTPS_MEM_CERT, opts->tls_cert, MHD_OPTION_HTTPS_MEM_KEY,
+                                opts->tls_key, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)&opts->http_addr,
+                                MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
+                                PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL,
+                                MHD_OPTION_END);
     return MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
                             &http_log, srv, MHD_OPTION_SOCK_ADDR,
                             (const struct sockaddr *)&opts->http_addr,
@@ -963,6 +1004,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     prismd_rpc_options rpc_opts = {
         .store = store,
         .snapshots = &snapshots,
+        .tls_cert = opts->tls_cert,
+        .tls_key = opts->tls_key,
         .listen = opts->grpc_text,
         .max_message_bytes = opts->max_message_bytes,
         .limits = {.max_jobs = opts->max_jobs,
@@ -978,7 +1021,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         goto out;
     }
     prismd_log(PRISMD_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "data_dir",
-               opts->data_dir, LOG_END);
+               opts->data_dir, "tls", opts->tls_cert ? "on" : "off", LOG_END);
 
     sigset_t stop;
     sigemptyset(&stop);
@@ -1050,5 +1093,7 @@ int main(int argc, char **argv)
     free(defaults_json);
     prism_config_free(&defaults);
     free(opts.admin_token);
+    free(opts.tls_cert);
+    free(opts.tls_key);
     return status;
 }

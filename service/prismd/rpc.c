@@ -524,7 +524,13 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
                                                     k == CALL_CONNECT ? GRPC_SRM_PAYLOAD_NONE
                                                                       : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
                                                     0);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds;
+    if (opts->tls_cert) {
+        grpc_ssl_pem_key_cert_pair pair = {opts->tls_key, opts->tls_cert};
+        creds = grpc_ssl_server_credentials_create(NULL, &pair, 1, 0, NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
     int port = grpc_server_add_http2_port(r->server, opts->listen, creds);
     grpc_server_credentials_release(creds);
     if (port == 0) {

@@ -14,6 +14,7 @@ typedef struct prismd_rpc_options {
     prismd_store *store;         /* jobs are restored from it and saved to it; the caller closes it */
     prismd_snapshots *snapshots; /* where the policy thread publishes what REST shows */
     prismd_commands *commands;   /* REST mutations the policy thread runs */
+    const char *tls_cert, *tls_key; /* PEM; both set: TLS only */
 } prismd_rpc_options;
 
 /* Binds, starts the policy thread and returns; NULL with err filled when the address cannot be

@@ -12,6 +12,7 @@ import queue
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ def free_port():
 class Prismd:
     """The real prismd on free loopback ports."""
 
-    def __init__(self, *extra, reuse=None, config_extra=None):
+    def __init__(self, *extra, reuse=None, config_extra=None, tls=None):
         """reuse: a stopped Prismd whose directory (data dir, config) this one starts on."""
         self.dir = reuse.dir if reuse else tempfile.mkdtemp(prefix="prism-grpc-test-")
         config = os.path.join(self.dir, "config.json")
@@ -56,17 +57,28 @@ class Prismd:
              "--http-listen", self.http_addr, "--data-dir", os.path.join(self.dir, "data"),
              "--config", config, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.channel = grpc.insecure_channel(self.grpc_addr)
+        self.tls = tls  # (cert PEM path) when prismd serves TLS
+        if tls:
+            with open(tls, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            self.channel = grpc.secure_channel(self.grpc_addr, creds,
+                                               options=[("grpc.ssl_target_name_override", "localhost")])
+        else:
+            self.channel = grpc.insecure_channel(self.grpc_addr)
         grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
 
     def http(self, path, method="GET", body=None, token=None):
         """(status, body) of a request to prismd's HTTP side."""
-        req = urllib.request.Request("http://%s%s" % (self.http_addr, path), method=method,
+        scheme = "https" if self.tls else "http"
+        req = urllib.request.Request("%s://%s%s" % (scheme, self.http_addr, path), method=method,
                                      data=body.encode() if isinstance(body, str) else body)
         if token:
             req.add_header("Authorization", "Bearer " + token)
+        context = ssl.create_default_context(cafile=self.tls) if self.tls else None
+        if context:
+            context.check_hostname = False  # the certificate names localhost; we dial 127.0.0.1
         try:
-            with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+            with urllib.request.urlopen(req, timeout=WAIT_S, context=context) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -715,6 +727,37 @@ class GrpcTest(unittest.TestCase):
         with urllib.request.urlopen(req, timeout=WAIT_S) as r:
             self.assertIsNone(r.headers["Content-Encoding"])
             self.assertEqual(json.loads(r.read())["jobs"][0]["job_id"], "job-r")
+
+    def test_tls_on_both_servers(self):
+        self.prismd.stop()
+        tls_dir = tempfile.mkdtemp(prefix="prism-tls-")
+        cert, key = os.path.join(tls_dir, "cert.pem"), os.path.join(tls_dir, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+        try:
+            self.prismd = Prismd("--tls-cert", cert, "--tls-key", key, tls=cert)
+            a = self.agent("tok-t")
+            a.hello("job-tls", 0, 1)
+            self.assertEqual(a.next().WhichOneof("kind"), "welcome")
+            self.assertEqual(block_map(self.prismd, "job-tls", "tok-t").job_id, "job-tls")
+            doc = self.prismd.json_until("/v1/jobs", lambda d: len(d["jobs"]) == 1)
+            self.assertEqual(doc["jobs"][0]["job_id"], "job-tls")
+            # Plain HTTP and plain gRPC get nowhere.
+            with self.assertRaises(Exception):
+                urllib.request.urlopen("http://%s/healthz" % self.prismd.http_addr, timeout=WAIT_S).read()
+            plain = grpc.insecure_channel(self.prismd.grpc_addr)
+            with self.assertRaises(grpc.FutureTimeoutError):
+                grpc.channel_ready_future(plain).result(timeout=1)
+            plain.close()
+        finally:
+            shutil.rmtree(tls_dir)
+
+    def test_tls_needs_both_cert_and_key(self):
+        p = subprocess.run([os.path.join(BUILD, "service", "prismd"), "--tls-cert", "/etc/hostname"],
+                           capture_output=True, text=True, timeout=WAIT_S)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--tls-cert: /etc/hostname: not a PEM certificate", p.stderr)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -885,7 +885,7 @@ static void test_logs_are_logfmt_with_requests_at_debug_only(void)
         char *log = prismd_log(&p);
         char expected[1024];
         snprintf(expected, sizeof expected,
-                 " level=info msg=\"listening\" grpc=127.0.0.1:%u http=127.0.0.1:%u data_dir=%s\n",
+                 " level=info msg=\"listening\" grpc=127.0.0.1:%u http=127.0.0.1:%u data_dir=%s tls=off\n",
                  (unsigned)p.grpc_port, (unsigned)p.port, p.data_dir);
         CU_ASSERT_TRUE(contains(log, expected));
         CU_ASSERT_TRUE(contains(log, " level=info msg=\"starting\" version="));
