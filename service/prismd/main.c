@@ -61,6 +61,7 @@ typedef struct prismd_options {
     char http_text[INET6_ADDRSTRLEN + 16]; /* canonical "a.b.c.d:port" or "[v6]:port" */
     char grpc_text[INET6_ADDRSTRLEN + 16];
     size_t max_message_bytes;
+    size_t stream_buffer_bytes;
     size_t max_jobs;
     size_t max_blocks;
     bool auto_create;
@@ -192,6 +193,11 @@ static prism_status set_max_message_bytes(prismd_options *opts, const char *valu
     return set_size(&opts->max_message_bytes, value, 1024, 1ull << 30, err);
 }
 
+static prism_status set_stream_buffer_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->stream_buffer_bytes, value, 4096, 1ull << 32, err);
+}
+
 static prism_status set_max_jobs(prismd_options *opts, const char *value, prism_error *err)
 {
     return set_size(&opts->max_jobs, value, 1, 1000000, err);
@@ -244,6 +250,16 @@ static prism_status set_tls_cert(prismd_options *opts, const char *value, prism_
 static prism_status set_tls_key(prismd_options *opts, const char *value, prism_error *err)
 {
     return read_pem(&opts->tls_key, value, "private key", err);
+}
+
+/* --service-config is applied before every other option (see options_parse); here it only
+ * has to be there. */
+static prism_status set_service_config(prismd_options *opts, const char *value, prism_error *err)
+{
+    (void)opts;
+    (void)value;
+    (void)err;
+    return PRISM_OK;
 }
 
 static prism_status set_auto_create(prismd_options *opts, const char *value, prism_error *err)
@@ -310,6 +326,9 @@ static const prismd_option prismd_option_table[] = {
      "gRPC address of prism.v1.PolicyService (agents' Connect, GetBlockMap, Watch), same forms"},
     {"max-message-bytes", 0, "N", "16777216", set_max_message_bytes,
      "largest gRPC message accepted; larger ones are refused with RESOURCE_EXHAUSTED"},
+    {"stream-buffer-bytes", 0, "N", "67108864", set_stream_buffer_bytes,
+     "unsent bytes a stream may hold; an agent or watcher that stops reading past it is cut off "
+     "with RESOURCE_EXHAUSTED"},
     {"max-jobs", 0, "N", "1000", set_max_jobs, "jobs this prismd holds at most; a Hello for one more is refused"},
     {"max-blocks", 0, "N", "100000", set_max_blocks,
      "distinct block ids per job at most; a report or layout with more is refused"},
@@ -332,6 +351,9 @@ static const prismd_option prismd_option_table[] = {
     {"log-level", 0, "LEVEL", "info", set_log_level,
      "least severe log event written to stderr: debug (adds one line per HTTP request), info, "
      "warn or error"},
+    {"service-config", 0, "FILE", NULL, set_service_config,
+     "JSON object of these options by name, e.g. {\"grpc-listen\": \"0.0.0.0:50051\", \"max-jobs\": 50}; "
+     "options on the command line win over the file"},
     {"help", 'h', NULL, NULL, set_help, "print this help and exit"},
     {"version", 0, NULL, NULL, set_version, "print the version and exit"},
 };
@@ -376,8 +398,69 @@ static prism_status options_init(prismd_options *opts, prism_error *err)
 /* Parses --name VALUE, --name=VALUE and -h. On failure err holds one line that names the flag
  * and the value at fault. A separate value may not start with '-' (so a forgotten value is not
  * silently taken from the next flag); --name=-x passes such a value on purpose. */
+/* Applies a --service-config file: each key an option's name, each value a string, a number or
+ * a boolean; errors name the file and the key. */
+static prism_status load_service_config(prismd_options *opts, const char *path, prism_error *err)
+{
+    size_t len = 0;
+    char *text = prism_file_read(path, &len, err);
+    if (!text)
+        return err->status;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (!root)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%.200s:%d:%d: JSON syntax error: %s", path, jerr.line,
+                               jerr.column, jerr.text);
+    prism_status st = PRISM_OK;
+    if (!json_is_object(root))
+        st = prism_error_set(err, PRISM_ERR_INVALID, "%.200s: expected a JSON object of options", path);
+    const char *key;
+    json_t *value;
+    json_object_foreach(root, key, value) {
+        if (st)
+            break;
+        const prismd_option *opt = option_find_long(key, strlen(key));
+        if (!opt || !opt->arg || opt->set == set_service_config) {
+            st = prism_error_set(err, PRISM_ERR_INVALID, "%.200s: %.100s: not an option this file can set", path, key);
+            break;
+        }
+        char buf[64];
+        const char *v = NULL;
+        if (json_is_string(value))
+            v = json_string_value(value);
+        else if (json_is_integer(value)) {
+            snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(value));
+            v = buf;
+        } else if (json_is_boolean(value))
+            v = json_is_true(value) ? "true" : "false";
+        if (!v) {
+            st = prism_error_set(err, PRISM_ERR_INVALID, "%.200s: %.100s: expected a string, an integer or a boolean",
+                                 path, key);
+            break;
+        }
+        if ((st = opt->set(opts, v, err)))
+            prism_error_prefix(err, "%.200s: %s", path, key);
+    }
+    json_decref(root);
+    return st;
+}
+
 static prism_status options_parse(prismd_options *opts, int argc, char **argv, prism_error *err)
 {
+    /* The service config file first, so that every command-line option wins over it. */
+    for (int i = 1; i < argc; i++) {
+        const char *path = NULL;
+        if (strncmp(argv[i], "--service-config=", 17) == 0)
+            path = argv[i] + 17;
+        else if (strcmp(argv[i], "--service-config") == 0 && i + 1 < argc)
+            path = argv[i + 1];
+        prism_status st = path ? load_service_config(opts, path, err) : PRISM_OK;
+        if (st) {
+            prism_error_prefix(err, "--service-config");
+            return st;
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const prismd_option *opt = NULL;
@@ -1008,6 +1091,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         .tls_key = opts->tls_key,
         .listen = opts->grpc_text,
         .max_message_bytes = opts->max_message_bytes,
+        .stream_buffer_bytes = opts->stream_buffer_bytes,
         .limits = {.max_jobs = opts->max_jobs,
                    .max_blocks = opts->max_blocks,
                    .auto_create = opts->auto_create,

@@ -23,8 +23,6 @@
 #include <string.h>
 #include <time.h>
 
-/* A stream whose unsent messages pass this is cut off with RESOURCE_EXHAUSTED. */
-#define OUTBOUND_LIMIT_BYTES (64u << 20)
 /* The policy thread wakes at least this often to tick the jobs and check for stop. */
 #define TICK_MS 100
 /* Shutdown: calls get this long to finish after their status was sent, then are cancelled. */
@@ -77,6 +75,7 @@ struct prismd_rpc {
     void *methods[3];
     prismd_jobs *jobs;
     prismd_commands *commands;
+    size_t stream_buffer_bytes;
     pthread_t thread;
     atomic_bool stop;
     bool shutting_down;
@@ -206,7 +205,8 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
 {
     if (s->ending || s->closed)
         return;
-    if (s->queued_bytes + len > OUTBOUND_LIMIT_BYTES) {
+    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory. */
+    if (s->queued_bytes + len > s->rpc->stream_buffer_bytes) {
         call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "the stream fell too far behind on reading updates");
         return;
     }
@@ -502,6 +502,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
     }
     snprintf(r->listen, sizeof r->listen, "%s", opts->listen);
     r->commands = opts->commands;
+    r->stream_buffer_bytes = opts->stream_buffer_bytes ? opts->stream_buffer_bytes : (64u << 20);
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
     r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, opts->snapshots, err);
     if (!r->jobs) {

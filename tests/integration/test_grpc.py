@@ -759,5 +759,83 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("--tls-cert: /etc/hostname: not a PEM certificate", p.stderr)
 
+    def test_service_config_file_sets_options_and_the_command_line_wins(self):
+        self.prismd.stop()
+        tmp = tempfile.mkdtemp(prefix="prism-service-")
+        try:
+            service = os.path.join(tmp, "prismd.json")
+            with open(service, "w") as f:
+                json.dump({"max-jobs": 1, "log-level": "warn", "http-listen": "127.0.0.1:1",
+                           "auto-create": True}, f)
+            # http-listen from the file (port 1) is overridden by the command line's.
+            self.prismd = Prismd("--service-config", service)
+            a = self.agent()
+            a.hello("job-one", 0, 1)
+            a.next()
+            b = self.agent()
+            b.hello("job-two", 0, 1)
+            self.assertEqual(b.status(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertEqual(self.prismd.http("/healthz")[0], 200)
+            self.assertNotIn("level=info", self.prismd.logs())
+            for content, message in [('{"max-jobz": 1}', "prismd.json: max-jobz: not an option this file can set"),
+                                     ('{"max-jobs": 0}', 'prismd.json: max-jobs: "0" is not an integer from 1'),
+                                     ('{"max-jobs": [1]}', "prismd.json: max-jobs: expected a string, an integer"),
+                                     ('{"max-jobs": 1,}', "prismd.json:1:")]:
+                with open(service, "w") as f:
+                    f.write(content)
+                p = subprocess.run([os.path.join(BUILD, "service", "prismd"), "--service-config", service],
+                                   capture_output=True, text=True, timeout=WAIT_S)
+                self.assertEqual(p.returncode, 2, content)
+                self.assertIn(message, p.stderr, content)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_an_agent_that_stops_reading_is_cut_off_and_others_go_on(self):
+        self.prismd.stop()
+        self.prismd = Prismd("--stream-buffer-bytes", "65536")
+        # The stalled agent: sends, never reads (no reader thread), on a channel whose HTTP/2
+        # window stays small (no BDP probing), so prismd's unsent updates pile up.
+        channel = grpc.insecure_channel(self.prismd.grpc_addr, options=[("grpc.http2.bdp_probe", 0)])
+        outbox = queue.Queue()
+        connect = channel.stream_stream(
+            "/prism.v1.PolicyService/Connect", request_serializer=pb.AgentMessage.SerializeToString,
+            response_deserializer=pb.ServiceMessage.FromString)
+
+        def requests():
+            for _ in range(5000):
+                m = outbox.get()
+                if m is None:
+                    return
+                yield m
+        replies = connect(requests(), timeout=120)
+        outbox.put(pb.AgentMessage(hello=pb.Hello(job_id="job-stall", rank=0, world_size=1)))
+        n = 2000
+        # Norms 9 and 1 (rel 1.8 and 0.2, s 0.9 and 0.1: past both hysteresis bounds) that swap
+        # every 2 steps flip every block at every decision: a full map of 2,000 blocks (tens of
+        # KB) is queued to the agent at each one.
+        for step in range(1, 401):
+            flip = (step + 1) // 2 % 2
+            outbox.put(pb.AgentMessage(step_report=pb.StepReport(step=step, blocks=[
+                pb.BlockGradStats(block_id=i, l2_norm=9.0 if (i + flip) % 2 else 1.0, max_abs=1, numel=64)
+                for i in range(n)])))
+        # Meanwhile another job is served as usual.
+        b = self.agent()
+        b.hello("job-fine", 0, 1)
+        self.assertEqual(b.next().WhichOneof("kind"), "welcome")
+        outbox.put(None)
+        code = None
+        for _ in range(10000):
+            try:
+                next(replies)
+            except StopIteration:
+                break
+            except grpc.RpcError as e:
+                code = e.code()
+                break
+        channel.close()
+        self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("stream fell too far behind", self.prismd.logs())
+        self.assertEqual(self.prismd.http("/healthz")[0], 200)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
