@@ -19,6 +19,7 @@
 #include "config.h"
 #include "log.h"
 #include "prism/common.h"
+#include "events.h"
 #include "rest.h"
 #include "rpc.h"
 #include "store.h"
@@ -517,6 +518,7 @@ typedef struct prismd_server {
     pthread_mutex_t http_error_lock;
     char http_error[256]; /* first message libmicrohttpd logged, for the start-up error */
     prismd_rest rest;     /* REST /v1 and /metrics, from the policy thread's snapshots */
+    prismd_events *events; /* server-sent events */
 } prismd_server;
 
 typedef struct prismd_reply {
@@ -675,6 +677,11 @@ static bool accepts_gzip(struct MHD_Connection *conn)
     return g && strncmp(g + 4, ";q=0", 4) != 0 && strncmp(g + 4, "; q=0", 5) != 0;
 }
 
+static void wake_events(void *events)
+{
+    prismd_events_wake(events);
+}
+
 static void release_snapshot(void *snapshot)
 {
     prismd_snapshot_release(snapshot);
@@ -723,6 +730,25 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     struct timespec started;
     clock_gettime(CLOCK_MONOTONIC, &started);
 
+    size_t url_len = strlen(url);
+    char events_job[160] = "";
+    if (strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 && strcmp(url + url_len - 7, "/events") == 0 &&
+        prismd_rest_allowed(url)) {
+        const char *id = url + strlen("/v1/jobs/");
+        snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - 7 - strlen("/v1/jobs/")), id);
+        prismd_snapshot *snap = prismd_snapshots_get(srv->rest.snapshots);
+        bool known = snap && prismd_snapshot_find(snap, events_job);
+        prismd_snapshot_release(snap);
+        if (known) {
+            struct MHD_Response *stream = prismd_events_response(srv->events, conn, events_job);
+            if (!stream)
+                return MHD_NO;
+            enum MHD_Result queued = MHD_queue_response(conn, MHD_HTTP_OK, stream);
+            MHD_destroy_response(stream);
+            return queued;
+        }
+    }
+
     const prismd_route *route = NULL;
     for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
         if (strcmp(url, prismd_routes[i].path) == 0)
@@ -736,6 +762,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
+    } else if (events_job[0]) {
+        reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
     } else if (body && body->too_large) {
         reply_error(&reply, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is over %u bytes",
                     PRISMD_BODY_MAX);
@@ -818,7 +846,7 @@ static void http_log(void *cls, const char *fmt, va_list ap)
 /* Binds exactly the address given; dual stack only for an IPv6 address. */
 static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *opts)
 {
-    unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
     uint16_t port;
     if (opts->http_addr.ss_family == AF_INET6) {
         flags |= MHD_USE_DUAL_STACK;
@@ -993,6 +1021,7 @@ static void print_usage(FILE *out)
         {"PATCH /v1/jobs/JOB/config", "change config keys (validated in full; applies at the next decision)"},
         {"PUT /v1/jobs/JOB/overrides", "{\"force_bf16_blocks\": [...], \"force_int8_blocks\": [...]} (next decision)"},
         {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
+        {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
     };
     for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
@@ -1070,6 +1099,11 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         goto out;
     }
     srv.rest.snapshots = &snapshots;
+    srv.events = prismd_events_create(&snapshots);
+    if (!srv.events)
+        goto out;
+    snapshots.on_publish = wake_events;
+    snapshots.on_publish_ctx = srv.events;
     srv.rest.reader = reader;
     srv.rest.commands = &commands;
     srv.rest.data_dir = opts->data_dir;
@@ -1111,16 +1145,23 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
-    int sig = 0;
-    while (sigwait(&stop, &sig) != 0)
-        ;
+    /* Every few seconds the event streams are woken for their keep-alives. */
+    int sig = -1;
+    while (sig != SIGTERM && sig != SIGINT) {
+        struct timespec every = {5, 0};
+        sig = sigtimedwait(&stop, NULL, &every);
+        prismd_events_wake(srv.events);
+    }
     prismd_log(PRISMD_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
     status = 0;
 
 out:
     prismd_rpc_stop(rpc);
+    snapshots.on_publish = NULL;
+    prismd_events_close(srv.events);
     if (daemon)
         MHD_stop_daemon(daemon);
+    prismd_events_destroy(srv.events);
     prismd_store_close(reader);
     prismd_store_close(store);
     prismd_snapshots_destroy(&snapshots);

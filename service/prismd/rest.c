@@ -470,6 +470,8 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD, PATCH";
     if (strcmp(rest, "/telemetry") == 0)
         return "GET, HEAD";
+    if (strcmp(rest, "/events") == 0)
+        return "GET";
     if (strcmp(rest, "/overrides") == 0)
         return "PUT";
     return NULL;
@@ -478,7 +480,9 @@ const char *prismd_rest_allowed(const char *path)
 static bool readable(const char *path)
 {
     const char *allowed = prismd_rest_allowed(path);
-    return allowed && strncmp(allowed, "GET", 3) == 0;
+    size_t n = strlen(path);
+    bool events = n > 7 && strcmp(path + n - 7, "/events") == 0; /* main.c streams those */
+    return allowed && strncmp(allowed, "GET", 3) == 0 && !events;
 }
 
 bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, const char *auth, const char *body,

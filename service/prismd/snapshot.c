@@ -9,6 +9,8 @@ void prismd_snapshots_init(prismd_snapshots *s)
 {
     pthread_mutex_init(&s->lock, NULL);
     s->current = NULL;
+    s->on_publish = NULL;
+    s->on_publish_ctx = NULL;
 }
 
 void prismd_snapshot_release(prismd_snapshot *snap)
@@ -41,6 +43,8 @@ void prismd_snapshots_publish(prismd_snapshots *s, prismd_snapshot *snap)
     s->current = snap;
     pthread_mutex_unlock(&s->lock);
     prismd_snapshot_release(old);
+    if (s->on_publish)
+        s->on_publish(s->on_publish_ctx);
 }
 
 prismd_snapshot *prismd_snapshots_get(prismd_snapshots *s)

@@ -52,6 +52,8 @@ const char *prismd_snapshot_cached(_Atomic(char *) *slot, char *(*render)(const 
 typedef struct prismd_snapshots {
     pthread_mutex_t lock;
     prismd_snapshot *current;
+    void (*on_publish)(void *ctx); /* called after each publish (server-sent events); may be NULL */
+    void *on_publish_ctx;
 } prismd_snapshots;
 
 void prismd_snapshots_init(prismd_snapshots *s);

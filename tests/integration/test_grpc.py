@@ -6,6 +6,7 @@ Starts the real prismd on free loopback ports with a scratch data dir. Every wai
 (WAIT_S) and every loop is bounded in count; prismd is stopped in every path."""
 
 import gzip
+import http.client
 import json
 import os
 import queue
@@ -836,6 +837,43 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertIn("stream fell too far behind", self.prismd.logs())
         self.assertEqual(self.prismd.http("/healthz")[0], 200)
+
+    def test_events_stream_one_map_event_per_version(self):
+        a = self.agent()
+        a.hello("job-e", 0, 1)
+        a.next()
+        self.prismd.json_until("/v1/jobs", lambda d: len(d["jobs"]) == 1)
+        host, port = self.prismd.http_addr.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+        conn.request("GET", "/v1/jobs/job-e/events")
+        r = conn.getresponse()
+        self.assertEqual((r.status, r.getheader("Content-Type")), (200, "text/event-stream"))
+
+        def next_event():
+            lines = []
+            for _ in range(100):
+                line = r.readline().decode()
+                if line == "\n" and lines:
+                    return lines
+                if line.strip() and not line.startswith(":"):
+                    lines.append(line.rstrip("\n"))
+            raise AssertionError("no event")
+
+        first = next_event()
+        self.assertEqual(first[:2], ["event: map", "id: 0"])
+        self.assertEqual(json.loads(first[2][len("data: "):]),
+                         {"job_id": "job-e", "map_version": 0, "decided_step": 0, "effective_step": 0, "blocks": 0,
+                          "blocks_bf16": 0, "blocks_low": 0})
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        second = next_event()
+        self.assertEqual(second[:2], ["event: map", "id: 1"])
+        self.assertEqual(json.loads(second[2][len("data: "):]),
+                         {"job_id": "job-e", "map_version": 1, "decided_step": 2, "effective_step": 5, "blocks": 2,
+                          "blocks_bf16": 1, "blocks_low": 1})
+        conn.close()
+        status, body = self.prismd.http("/v1/jobs/nope/events")
+        self.assertEqual((status, json.loads(body)["error"]["code"]), (404, "not_found"))
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

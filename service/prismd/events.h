@@ -1,0 +1,28 @@
+/* Server-sent events (DESIGN 6): GET /v1/jobs/{job}/events streams one "map" event per new map
+ * version of the job (and a comment line as keep-alive). A connection with nothing to send is
+ * suspended in libmicrohttpd and resumed when the policy thread publishes a snapshot, so an
+ * open dashboard costs no thread. */
+#ifndef PRISMD_EVENTS_H
+#define PRISMD_EVENTS_H
+
+#include "snapshot.h"
+
+#include <microhttpd.h>
+
+typedef struct prismd_events prismd_events;
+
+prismd_events *prismd_events_create(prismd_snapshots *snapshots);
+void prismd_events_destroy(prismd_events *e);
+
+/* The response of GET /v1/jobs/{job}/events for this connection (NULL when out of memory).
+ * The job must exist in the current snapshot (the caller checks). */
+struct MHD_Response *prismd_events_response(prismd_events *e, struct MHD_Connection *conn, const char *job_id);
+
+/* Shutdown: every stream ends (resumed, then closed by libmicrohttpd); call before stopping it. */
+void prismd_events_close(prismd_events *e);
+
+/* Resumes every waiting connection: call after each publish, and every few seconds so that
+ * keep-alives go out. Thread-safe. */
+void prismd_events_wake(prismd_events *e);
+
+#endif
