@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "jobs.h"
 
+#include "idmap.h"
 #include "log.h"
 #include "merge.h"
 #include "policy.h"
@@ -48,6 +49,9 @@ struct prismd_job {
     prismd_stream **watchers;
     size_t nwatchers, cap_watchers;
     rank_ack *acks;         /* world_size entries */
+    prism_idmap name_ix;    /* block id -> index in names */
+    char **names;           /* block names from the layouts of Hellos */
+    size_t nnames, cap_names;
     FILE *telemetry;        /* the job's telemetry JSONL, opened at its first record */
     char telemetry_name[256]; /* the telemetry_file it was opened as */
     uint64_t switches[PRISMD_REASONS];
@@ -130,6 +134,10 @@ prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_
 
 static void job_free(prismd_job *job)
 {
+    for (size_t i = 0; i < job->nnames; i++)
+        free(job->names[i]);
+    free(job->names);
+    prism_idmap_free(&job->name_ix);
     if (job->telemetry)
         fclose(job->telemetry);
     prism_policy_destroy(job->policy);
@@ -222,6 +230,7 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     snprintf(job->id, sizeof job->id, "%s", id);
     job->world_size = world_size;
     job->policy = policy;
+    prism_idmap_init(&job->name_ix);
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
     job->acks = calloc(world_size, sizeof *job->acks);
     job->token = token && token[0] ? strdup(token) : NULL;
@@ -491,6 +500,27 @@ static void send_welcome(prismd_job *job, prismd_stream *s, const cal_list *cach
 
 /* ---- messages in ---- */
 
+/* Keeps a block's name (at most 255 bytes) for REST. */
+static bool set_block_name(prismd_job *job, uint32_t id, const char *name)
+{
+    char *copy = strndup(name, 255);
+    if (!copy)
+        return false;
+    uint32_t ix = prism_idmap_get(&job->name_ix, id);
+    if (ix != PRISM_IDMAP_NONE) {
+        free(job->names[ix]);
+        job->names[ix] = copy;
+        return true;
+    }
+    if (!grow((void **)&job->names, &job->cap_names, job->nnames + 1, sizeof *job->names) ||
+        prism_idmap_put(&job->name_ix, id, (uint32_t)job->nnames)) {
+        free(copy);
+        return false;
+    }
+    job->names[job->nnames++] = copy;
+    return true;
+}
+
 static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__Hello *h,
                      prismd_status *end)
 {
@@ -525,10 +555,13 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
             return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %zu blocks, the limit is %zu",
                         h->layout->n_blocks, j->limits.max_blocks);
         prism_error err;
-        for (size_t i = 0; i < h->layout->n_blocks; i++)
-            if (prism_policy_set_block_bytes(job->policy, h->layout->blocks[i]->id,
-                                             h->layout->blocks[i]->param_bytes_bf16, &err))
+        for (size_t i = 0; i < h->layout->n_blocks; i++) {
+            const Prism__V1__BlockInfo *b = h->layout->blocks[i];
+            if (prism_policy_set_block_bytes(job->policy, b->id, b->param_bytes_bf16, &err))
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %s", err.message);
+            if (b->name && b->name[0] && !set_block_name(job, b->id, b->name))
+                return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: out of memory");
+        }
     }
     cal_list cached = {.policy = job->policy};
     if (h->layout && h->layout->fingerprint.len) {
@@ -898,8 +931,17 @@ static void publish(prismd_jobs *j)
             prism_config_free(&sj->config);
             break;
         }
-        for (size_t b = 0; b < n; b++)
+        sj->names = calloc(n ? n : 1, sizeof *sj->names);
+        if (!sj->names) {
+            free(sj->blocks);
+            prism_config_free(&sj->config);
+            break;
+        }
+        for (size_t b = 0; b < n; b++) {
             sj->blocks[b] = *prism_policy_block(job->policy, b);
+            uint32_t ix = prism_idmap_get(&job->name_ix, sj->blocks[b].id);
+            sj->names[b] = ix != PRISM_IDMAP_NONE ? strdup(job->names[ix]) : NULL;
+        }
         sj->nblocks = n;
         snprintf(sj->id, sizeof sj->id, "%s", job->id);
         sj->world_size = job->world_size;

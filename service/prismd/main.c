@@ -573,6 +573,16 @@ static void route_healthz(const prismd_server *srv, prismd_reply *reply)
 
 /* Ready while this process still holds the lock on the data directory it was given (the lock
  * file at its path is the one we hold) and the directory is writable. */
+/* The policy thread loops at least every 100 ms; 2 s without a loop means it is not serving. */
+static bool policy_thread_alive(const prismd_server *srv)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long alive = atomic_load(&srv->rest.snapshots->policy_alive_ms);
+    long long now_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    return alive > 0 && now_ms - alive < 2000;
+}
+
 static void route_readyz(const prismd_server *srv, prismd_reply *reply)
 {
     struct stat held, at_path;
@@ -587,6 +597,9 @@ static void route_readyz(const prismd_server *srv, prismd_reply *reply)
     else if (access(srv->data_dir, W_OK) != 0)
         reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
                     "data dir %s is not writable: %s", srv->data_dir, strerror(errno));
+    else if (!policy_thread_alive(srv))
+        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
+                    "the policy thread has not run for over 2 s (starting, or stuck)");
     else
         reply_json(reply, MHD_HTTP_OK,
                    json_pack("{s:s, s:s}", "status", "ready", "data_dir", srv->data_dir),
@@ -602,8 +615,8 @@ static void route_config_defaults(const prismd_server *srv, prismd_reply *reply)
 static const prismd_route prismd_routes[] = {
     {"/healthz", route_healthz, "liveness: 200 {\"status\":\"ok\"}"},
     {"/readyz", route_readyz,
-     "readiness: 200 {\"status\":\"ready\",\"data_dir\":DIR} while the data dir lock is held "
-     "and DIR is writable, else 503"},
+     "readiness: 200 {\"status\":\"ready\",\"data_dir\":DIR} while the data dir lock is held, "
+     "DIR is writable and the policy thread (gRPC, store) is running, else 503"},
     {"/v1/config/defaults", route_config_defaults,
      "the policy config that new jobs start from (--config over the built-in defaults)"},
 };

@@ -88,9 +88,10 @@ static json_t *job_json(const prismd_snap_job *j)
                      (json_int_t)j->world_size, "blocks", (json_int_t)j->nblocks);
 }
 
-static json_t *block_json(const prism_block_view *v)
+static json_t *block_json(const prism_block_view *v, const char *name)
 {
-    return json_pack("{s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:s, s:b}", "id", (json_int_t)v->id, "precision",
+    return json_pack("{s:I, s:o, s:s, s:o, s:o, s:o, s:o, s:o, s:s, s:b}", "id", (json_int_t)v->id, "name",
+                     name ? json_string(name) : json_null(), "precision",
                      prism_precision_name(v->precision), "sensitivity", opt_real(v->has_score, v->sensitivity),
                      "grad_score", opt_real(v->has_score, v->grad_score), "error_score",
                      opt_real(v->has_score && v->has_error_score, v->error_score), "relative_magnitude",
@@ -116,7 +117,7 @@ static char *render_blocks(const void *ctx)
     const prismd_snap_job *j = ctx;
     json_t *blocks = json_array();
     for (size_t i = 0; blocks && i < j->nblocks; i++)
-        json_array_append_new(blocks, block_json(&j->blocks[i]));
+        json_array_append_new(blocks, block_json(&j->blocks[i], j->names ? j->names[i] : NULL));
     json_t *obj = job_json(j);
     if (obj) {
         json_object_set_new(obj, "blocks", blocks);
@@ -224,7 +225,7 @@ static void get_block(prismd_rest *r, const prismd_snap_job *j, const char *id_t
         answer_error(a, 404, "not_found", "job %s has no block %llu", j->id, id);
         return;
     }
-    json_t *obj = block_json(v);
+    json_t *obj = block_json(v, j->names ? j->names[v - j->blocks] : NULL);
     json_t *history = json_array();
     prismd_switch_row rows[HISTORY_MAX];
     prism_error err;

@@ -75,6 +75,7 @@ struct prismd_rpc {
     void *methods[3];
     prismd_jobs *jobs;
     prismd_commands *commands;
+    prismd_snapshots *snapshots;
     size_t stream_buffer_bytes;
     pthread_t thread;
     atomic_bool stop;
@@ -468,7 +469,10 @@ static void *policy_thread(void *arg)
     while (!atomic_load(&r->stop)) {
         if (r->commands)
             prismd_jobs_run_commands(r->jobs, r->commands);
-        int64_t wait = prismd_jobs_tick(r->jobs, now_ms());
+        int64_t now = now_ms();
+        if (r->snapshots)
+            atomic_store(&r->snapshots->policy_alive_ms, now); /* for /readyz */
+        int64_t wait = prismd_jobs_tick(r->jobs, now);
         if (wait < 0 || wait > TICK_MS)
             wait = TICK_MS;
         process(r, in_ms(wait));
@@ -502,6 +506,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
     }
     snprintf(r->listen, sizeof r->listen, "%s", opts->listen);
     r->commands = opts->commands;
+    r->snapshots = opts->snapshots;
     r->stream_buffer_bytes = opts->stream_buffer_bytes ? opts->stream_buffer_bytes : (64u << 20);
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
     r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, opts->snapshots, err);

@@ -11,6 +11,7 @@ void prismd_snapshots_init(prismd_snapshots *s)
     s->current = NULL;
     s->on_publish = NULL;
     s->on_publish_ctx = NULL;
+    atomic_init(&s->policy_alive_ms, 0);
 }
 
 void prismd_snapshot_release(prismd_snapshot *snap)
@@ -19,6 +20,9 @@ void prismd_snapshot_release(prismd_snapshot *snap)
         return;
     for (size_t i = 0; i < snap->njobs; i++) {
         prism_config_free(&snap->jobs[i].config);
+        for (size_t b = 0; snap->jobs[i].names && b < snap->jobs[i].nblocks; b++)
+            free(snap->jobs[i].names[b]);
+        free(snap->jobs[i].names);
         free(snap->jobs[i].blocks);
         free(atomic_load(&snap->jobs[i].blocks_json));
         free(atomic_load(&snap->jobs[i].blocks_gzip));

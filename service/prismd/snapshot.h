@@ -26,6 +26,7 @@ typedef struct prismd_snap_job {
     prism_summary summary;       /* of the last decision */
     size_t nblocks;
     prism_block_view *blocks;    /* ascending id */
+    char **names;                /* parallel to blocks: the layout's name, or NULL */
     uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */
@@ -54,6 +55,7 @@ typedef struct prismd_snapshots {
     prismd_snapshot *current;
     void (*on_publish)(void *ctx); /* called after each publish (server-sent events); may be NULL */
     void *on_publish_ctx;
+    atomic_llong policy_alive_ms;  /* CLOCK_MONOTONIC ms of the policy thread's last loop; 0: not started */
 } prismd_snapshots;
 
 void prismd_snapshots_init(prismd_snapshots *s);

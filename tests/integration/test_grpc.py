@@ -370,6 +370,10 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(precisions(second.blocks), [(0, pb.BF16), (1, pb.BF16)])
         updates.cancel()
 
+    def test_readyz_is_ready_while_the_policy_thread_runs(self):
+        status, body = self.prismd.http("/readyz")
+        self.assertEqual((status, json.loads(body)["status"]), (200, "ready"))
+
     def test_sigterm_ends_streams_with_unavailable_and_exits_0(self):
         a = self.agent()
         a.hello("job-s", 0, 1)
@@ -445,6 +449,10 @@ class GrpcTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(precisions(m.blocks), [(0, pb.BF16), (1, pb.BF16)])
         self.assertAlmostEqual(m.blocks[1].sensitivity, 0.475, places=12)
+        # REST names the blocks as the layout did.
+        doc = self.prismd.json_until("/v1/jobs/job-c2/blocks", lambda d: len(d["blocks"]) == 2)
+        self.assertEqual([b["name"] for b in doc["blocks"]], ["h.0", "h.1"])
+        self.assertEqual(self.prismd.json_until("/v1/jobs/job-c2/blocks/1", lambda d: True)["name"], "h.1")
 
     def two_jobs_decided(self):
         """Two jobs of two ranks each, through their first decision (see the first test)."""
@@ -471,11 +479,11 @@ class GrpcTest(unittest.TestCase):
                            j["agents_connected"], j["world_size"], j["blocks"]) for j in jobs],
                          [("job-a", 2, 1, 2, 5, 2, 2, 2), ("job-b", 2, 1, 2, 5, 2, 2, 2)])
         doc = self.prismd.json_until("/v1/jobs/job-a/blocks", lambda d: d["map_version"] == 1)
-        self.assertEqual([(b["id"], b["precision"], b["sensitivity"], b["grad_score"], b["error_score"],
+        self.assertEqual([(b["id"], b["name"], b["precision"], b["sensitivity"], b["grad_score"], b["error_score"],
                            b["relative_magnitude"], b["last_switch_step"], b["reason"], b["forced"])
                           for b in doc["blocks"]],
-                         [(0, "bf16", 0.75, 0.75, None, 1.5, None, "none", False),
-                          (1, "int8", 0.25, 0.25, None, 0.5, 2, "score", False)])
+                         [(0, None, "bf16", 0.75, 0.75, None, 1.5, None, "none", False),
+                          (1, None, "int8", 0.25, 0.25, None, 0.5, 2, "score", False)])
         t = doc["telemetry"]
         self.assertEqual((t["step_id"], t["blocks_bf16"], t["blocks_int8"], t["mean_sensitivity"],
                           t["precision_changes"], t["estimated_bandwidth_saving_pct"], t["map_version"]),
