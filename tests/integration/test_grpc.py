@@ -883,5 +883,38 @@ class GrpcTest(unittest.TestCase):
         status, body = self.prismd.http("/v1/jobs/nope/events")
         self.assertEqual((status, json.loads(body)["error"]["code"]), (404, "not_found"))
 
+    def test_nan_and_inf_figures_count_as_nonfinite_and_the_block_goes_bf16(self):
+        a = self.one_job_decided()  # block 1 int8 at step 2
+        nan, inf = float("nan"), float("inf")
+        a.send(step_report=pb.StepReport(step=3, blocks=[
+            pb.BlockGradStats(block_id=0, l2_norm=3.0, max_abs=1.0, numel=100),
+            pb.BlockGradStats(block_id=1, l2_norm=nan, max_abs=inf, mean=nan, variance=nan, numel=100)]))
+        a.step(4, (3.0, 1.0))
+        u = a.next().update
+        self.assertEqual((u.map_version, u.decided_step), (2, 4))
+        self.assertEqual(precisions(u.blocks), [(0, pb.BF16), (1, pb.BF16)])
+        self.assertEqual(u.blocks[1].reason, pb.REASON_NONFINITE)
+
+    def test_an_agent_that_vanishes_is_forgotten_and_its_job_goes_on(self):
+        gone = grpc.insecure_channel(self.prismd.grpc_addr)
+        connect = gone.stream_stream("/prism.v1.PolicyService/Connect",
+                                     request_serializer=pb.AgentMessage.SerializeToString,
+                                     response_deserializer=pb.ServiceMessage.FromString)
+        outbox = queue.Queue()
+
+        def requests():  # never ends by itself: the agent is cut off, it does not hang up
+            yield pb.AgentMessage(hello=pb.Hello(job_id="job-v", rank=1, world_size=2))
+            outbox.get(timeout=WAIT_S)
+        replies = connect(requests(), timeout=WAIT_S)
+        self.assertEqual(next(replies).WhichOneof("kind"), "welcome")
+        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 1)
+        gone.close()  # no half-close, no goodbye: the connection just goes away
+        outbox.put(None)
+        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 0)
+        a = self.agent()
+        a.hello("job-v", 0, 2)
+        a.next()
+        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 1)
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
