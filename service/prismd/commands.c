@@ -97,7 +97,7 @@ unsigned prismd_commands_run(prismd_commands *q, prismd_command_kind kind, const
         /* Still queued or being run: the policy thread frees it when it answers. */
         c->done = true;
         pthread_mutex_unlock(&q->lock);
-        *answer = error_json("unavailable", "the policy thread did not answer in time");
+        *answer = error_json("unavailable", "the policy thread did not answer in time; the change was not applied");
         status = 503;
     }
     return status;
@@ -110,6 +110,14 @@ prismd_command *prismd_commands_take(prismd_commands *q)
     q->head = q->tail = NULL;
     pthread_mutex_unlock(&q->lock);
     return all;
+}
+
+bool prismd_commands_abandoned(prismd_commands *q, prismd_command *c)
+{
+    pthread_mutex_lock(&q->lock);
+    bool gone = c->done;
+    pthread_mutex_unlock(&q->lock);
+    return gone;
 }
 
 void prismd_commands_answer(prismd_commands *q, prismd_command *c, unsigned status, char *answer)

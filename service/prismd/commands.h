@@ -43,6 +43,9 @@ unsigned prismd_commands_run(prismd_commands *q, prismd_command_kind kind, const
 /* Policy thread: takes every queued command (the caller answers each with prismd_commands_answer). */
 prismd_command *prismd_commands_take(prismd_commands *q);
 
+/* Policy thread: true when the HTTP thread stopped waiting for c (its answer will be dropped). */
+bool prismd_commands_abandoned(prismd_commands *q, prismd_command *c);
+
 /* Policy thread: sets the answer and wakes the waiting HTTP thread. Takes answer. */
 void prismd_commands_answer(prismd_commands *q, prismd_command *c, unsigned status, char *answer);
 

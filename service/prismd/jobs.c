@@ -500,19 +500,22 @@ static void send_welcome(prismd_job *job, prismd_stream *s, const cal_list *cach
 
 /* ---- messages in ---- */
 
-/* Keeps a block's name (at most 255 bytes) for REST. */
-static bool set_block_name(prismd_job *job, uint32_t id, const char *name)
+/* Remembers a block of a layout and its name (at most 255 bytes, NULL when it has none). At
+ * most max blocks are remembered per job; false when that or memory runs out. */
+static bool remember_layout_block(prismd_job *job, uint32_t id, const char *name, size_t max)
 {
-    char *copy = strndup(name, 255);
-    if (!copy)
+    char *copy = NULL;
+    if (name && name[0] && !(copy = strndup(name, 255)))
         return false;
     uint32_t ix = prism_idmap_get(&job->name_ix, id);
     if (ix != PRISM_IDMAP_NONE) {
-        free(job->names[ix]);
-        job->names[ix] = copy;
+        if (copy) {
+            free(job->names[ix]);
+            job->names[ix] = copy;
+        }
         return true;
     }
-    if (!grow((void **)&job->names, &job->cap_names, job->nnames + 1, sizeof *job->names) ||
+    if (job->nnames >= max || !grow((void **)&job->names, &job->cap_names, job->nnames + 1, sizeof *job->names) ||
         prism_idmap_put(&job->name_ix, id, (uint32_t)job->nnames)) {
         free(copy);
         return false;
@@ -535,10 +538,21 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     if (!job) {
         if (!j->limits.auto_create)
             return fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", h->job_id);
+        /* Everything checked before the job is made, so a refused Hello leaves nothing behind. */
         uint32_t world = j->defaults.world_size ? (uint32_t)j->defaults.world_size : h->world_size;
         if (world == 0 || world > 1000000)
             return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.world_size: %u is not from 1 to 1000000",
                         h->world_size);
+        if (h->world_size && h->world_size != world)
+            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.world_size: %u, but new jobs have %u ranks",
+                        h->world_size, world);
+        if (h->rank >= world)
+            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.rank: %u is not below the world size %u", h->rank,
+                        world);
+        if (h->layout && (h->layout->n_blocks > j->limits.max_blocks ||
+                          h->layout->fingerprint.len > sizeof job->fingerprint))
+            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout: over the limits (%zu blocks, %zu-byte "
+                        "fingerprint)", j->limits.max_blocks, sizeof job->fingerprint);
         if (!(job = create_job(j, h->job_id, world, token, end)))
             return false;
     } else if (!authorized(job, token)) {
@@ -557,10 +571,11 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         prism_error err;
         for (size_t i = 0; i < h->layout->n_blocks; i++) {
             const Prism__V1__BlockInfo *b = h->layout->blocks[i];
+            if (!remember_layout_block(job, b->id, b->name, j->limits.max_blocks))
+                return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: block %u: the job already has %zu "
+                            "layout blocks, the limit", b->id, j->limits.max_blocks);
             if (prism_policy_set_block_bytes(job->policy, b->id, b->param_bytes_bf16, &err))
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %s", err.message);
-            if (b->name && b->name[0] && !set_block_name(job, b->id, b->name))
-                return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: out of memory");
         }
     }
     cal_list cached = {.policy = job->policy};
@@ -747,6 +762,26 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
 {
     prismd_job *job = peer->job;
     prism_error err;
+    /* Checked whole before anything is kept: the cache and the policy only take blocks the job
+     * knows (from a layout or a report), so a report cannot grow either. */
+    char message[256] = "";
+    if (c->fingerprint.len > sizeof job->fingerprint)
+        snprintf(message, sizeof message, "calibration.fingerprint: %zu bytes, at most %zu", c->fingerprint.len,
+                 sizeof job->fingerprint);
+    else if (c->n_errors > j->limits.max_blocks)
+        snprintf(message, sizeof message, "calibration: %zu errors, more than the %zu blocks a job may have",
+                 c->n_errors, j->limits.max_blocks);
+    for (size_t i = 0; !message[0] && i < c->n_errors; i++) {
+        uint32_t id = c->errors[i]->block_id;
+        if (prism_idmap_get(&job->name_ix, id) == PRISM_IDMAP_NONE && !prism_policy_find_block(job->policy, id))
+            snprintf(message, sizeof message, "calibration.errors[%zu]: block %u is in no layout or report of the job",
+                     i, id);
+    }
+    if (message[0]) {
+        j->counters.reports_rejected++;
+        send_error(s, GRPC_STATUS_INVALID_ARGUMENT, message);
+        return;
+    }
     for (size_t i = 0; i < c->n_errors; i++) {
         if (prism_policy_set_calibration(job->policy, (prism_precision)c->format, c->errors[i]->block_id,
                                          c->errors[i]->relative_error, &err)) {
@@ -940,10 +975,11 @@ static void publish(prismd_jobs *j)
         for (size_t b = 0; b < n; b++) {
             sj->blocks[b] = *prism_policy_block(job->policy, b);
             uint32_t ix = prism_idmap_get(&job->name_ix, sj->blocks[b].id);
-            sj->names[b] = ix != PRISM_IDMAP_NONE ? strdup(job->names[ix]) : NULL;
+            sj->names[b] = ix != PRISM_IDMAP_NONE && job->names[ix] ? strdup(job->names[ix]) : NULL;
         }
         sj->nblocks = n;
         snprintf(sj->id, sizeof sj->id, "%s", job->id);
+        sj->token = job->token ? strdup(job->token) : NULL;
         sj->world_size = job->world_size;
         sj->agents = (uint32_t)job->nagents;
         prism_policy_progress progress;
@@ -1111,7 +1147,8 @@ void prismd_jobs_run_commands(prismd_jobs *j, prismd_commands *q)
     while (c) {
         prismd_command *next = c->next;
         char *answer = NULL;
-        unsigned status = run_command(j, c, &answer);
+        /* A change whose caller gave up waiting (and was told so) is not applied. */
+        unsigned status = prismd_commands_abandoned(q, c) ? 503 : run_command(j, c, &answer);
         prismd_commands_answer(q, c, status, answer);
         c = next;
     }

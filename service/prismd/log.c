@@ -33,14 +33,15 @@ static bool logfmt_needs_quotes(const char *s)
     if (!*s)
         return true;
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' || *p == 0x7f)
+        if (*p <= ' ' || *p == '"' || *p == '=' || *p == '\\' || *p >= 0x7f)
             return true;
     }
     return false;
 }
 
-/* Writes s as a logfmt value: bare when it is one plain token, else quoted with \" \\ \n \t \r
- * and \u00XX escapes, so that a request path or an error text can never break the line. */
+/* Writes s as a logfmt value: bare when it is one plain ASCII token, else quoted with \" \\ \n
+ * \t \r, \u00XX for control bytes and \xXX for bytes past ASCII, so that a request path or an
+ * error text can never break the line or make it invalid UTF-8. */
 static void log_put_value(log_line *l, const char *s, bool always_quote)
 {
     if (!always_quote && !logfmt_needs_quotes(s)) {
@@ -56,9 +57,12 @@ static void log_put_value(log_line *l, const char *s, bool always_quote)
         case '\t': log_puts(l, "\\t"); break;
         case '\r': log_puts(l, "\\r"); break;
         default:
-            if (*p < ' ' || *p == 0x7f) {
+            if (*p < ' ' || *p >= 0x7f) { /* control bytes, and bytes a client may send that are not ASCII */
                 char esc[8];
-                snprintf(esc, sizeof esc, "\\u%04x", (unsigned)*p);
+                if (*p < 0x80)
+                    snprintf(esc, sizeof esc, "\\u%04x", (unsigned)*p);
+                else
+                    snprintf(esc, sizeof esc, "\\x%02x", (unsigned)*p);
                 log_puts(l, esc);
             } else {
                 log_putc(l, (char)*p);

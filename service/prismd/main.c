@@ -563,6 +563,9 @@ static void reply_error(prismd_reply *reply, unsigned int status, const char *co
     reply_json(reply, status,
                json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message),
                JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!reply->body) /* a message cut inside a multi-byte character: the code still goes out */
+        reply_json(reply, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", code),
+                   JSON_COMPACT);
 }
 
 static void route_healthz(const prismd_server *srv, prismd_reply *reply)
@@ -641,6 +644,21 @@ static void format_client(struct MHD_Connection *conn, char *out, size_t size)
         if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host))
             snprintf(out, size, "[%s]:%u", host, (unsigned)ntohs(sin6->sin6_port));
     }
+}
+
+/* True when s is valid UTF-8 (JSON answers may quote it). */
+static bool utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
+        if (n < 0 || (n == 1 && *p < 0xc2))
+            return false;
+        p++;
+        for (int i = 0; i < n; i++, p++)
+            if ((*p & 0xc0) != 0x80)
+                return false;
+    }
+    return true;
 }
 
 /* A request's body, gathered over the handler's calls. */
@@ -745,7 +763,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
 
     size_t url_len = strlen(url);
     char events_job[160] = "";
-    if (strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 && strcmp(url + url_len - 7, "/events") == 0 &&
+    if (utf8_valid(url) && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
+        strcmp(url + url_len - 7, "/events") == 0 &&
         prismd_rest_allowed(url)) {
         const char *id = url + strlen("/v1/jobs/");
         snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - 7 - strlen("/v1/jobs/")), id);
@@ -762,8 +781,10 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         }
     }
 
+    bool bad_path = !utf8_valid(url);
+
     const prismd_route *route = NULL;
-    for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
+    for (size_t i = 0; i < PRISMD_ROUTE_COUNT && !bad_path; i++) {
         if (strcmp(url, prismd_routes[i].path) == 0)
             route = &prismd_routes[i];
     }
@@ -772,7 +793,9 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     prismd_reply reply = {0};
     const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
     prismd_answer answer = {.accept_gzip = accepts_gzip(conn)};
-    if (!allowed) {
+    if (bad_path) {
+        reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path is not valid UTF-8");
+    } else if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
     } else if (events_job[0]) {
@@ -1120,6 +1143,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.rest.reader = reader;
     srv.rest.commands = &commands;
     srv.rest.data_dir = opts->data_dir;
+    srv.rest.admin_token = opts->admin_token;
     daemon = http_start(&srv, opts);
     if (!daemon) {
         pthread_mutex_lock(&srv.http_error_lock);

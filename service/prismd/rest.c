@@ -57,6 +57,8 @@ static void answer_error(prismd_answer *a, unsigned status, const char *code, co
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
     answer_json(a, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message));
+    if (!a->body) /* a message cut inside a multi-byte character: the code still goes out */
+        answer_json(a, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", code));
 }
 
 static json_t *opt_real(bool present, double x)
@@ -500,6 +502,22 @@ bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, co
         kind = PRISMD_COMMAND_PUT_OVERRIDES;
     else
         return false;
+    /* The cheap refusals are answered here, from the snapshot, without waiting for the policy
+     * thread (which checks again: the snapshot may be a moment old). */
+    prismd_snapshot *snap = prismd_snapshots_get(r->snapshots);
+    const prismd_snap_job *j = snap ? prismd_snapshot_find(snap, job) : NULL;
+    bool guarded = j && (j->token || r->admin_token);
+    bool ok_token = auth && ((j && j->token && strcmp(j->token, auth) == 0) ||
+                             (r->admin_token && strcmp(r->admin_token, auth) == 0));
+    if (!j)
+        answer_error(a, 404, "not_found", "job %.128s does not exist", job);
+    else if (guarded && !auth)
+        answer_error(a, 401, "unauthenticated", "job %s: this change needs the job's or the admin bearer token", j->id);
+    else if (guarded && !ok_token)
+        answer_error(a, 403, "permission_denied", "job %s: wrong token", j->id);
+    prismd_snapshot_release(snap);
+    if (a->body)
+        return true;
     a->status = prismd_commands_run(r->commands, kind, job, auth, body, body_len, 5000, &a->body);
     a->content_type = "application/json";
     return true;

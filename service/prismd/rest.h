@@ -12,6 +12,7 @@ typedef struct prismd_rest {
     prismd_store *reader; /* read-only; NULL: no history */
     prismd_commands *commands; /* mutations go to the policy thread through it */
     const char *data_dir;      /* for the jobs' telemetry files */
+    const char *admin_token;   /* NULL: none */
 } prismd_rest;
 
 /* A query argument of the request, or NULL. */

@@ -23,8 +23,9 @@
 #include <string.h>
 #include <time.h>
 
-/* The policy thread wakes at least this often to tick the jobs and check for stop. */
-#define TICK_MS 100
+/* The policy thread wakes at least this often to tick the jobs, run REST changes and check
+ * for stop: a REST change waits at most this long to be picked up. */
+#define TICK_MS 20
 /* Shutdown: calls get this long to finish after their status was sent, then are cancelled. */
 #define DRAIN_MS 2000
 
@@ -139,6 +140,11 @@ static bool start_batch(prismd_stream *s, grpc_op *ops, size_t n, call_tag *tag)
 {
     grpc_call_error e = grpc_call_start_batch(s->call, ops, n, tag, NULL);
     if (e != GRPC_CALL_OK) {
+        /* The call cannot go on: cancel it; it is freed once nothing of it is in flight. */
+        grpc_call_cancel(s->call, NULL);
+        s->ending = true;
+        if (tag->kind == TAG_CLOSE)
+            s->closed = true;
         char code[16];
         snprintf(code, sizeof code, "%d", (int)e);
         prismd_log(PRISMD_LOG_ERROR, "grpc_call_start_batch failed", "call", call_names[s->kind], "error", code,
@@ -206,9 +212,25 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
 {
     if (s->ending || s->closed)
         return;
-    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory. */
+    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory: the
+     * call is cancelled at once (its write in flight would never finish) and what waits in its
+     * queue is dropped. */
     if (s->queued_bytes + len > s->rpc->stream_buffer_bytes) {
-        call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "the stream fell too far behind on reading updates");
+        static const char why[] = "the stream fell too far behind on reading updates";
+        prismd_log(PRISMD_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
+        s->ending = true;
+        grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
+        outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
+        for (outmsg *m = keep ? keep->next : s->head; m;) {
+            outmsg *next = m->next;
+            s->queued_bytes -= m->len;
+            grpc_byte_buffer_destroy(m->bb);
+            free(m);
+            m = next;
+        }
+        s->head = s->tail = keep;
+        if (keep)
+            keep->next = NULL;
         return;
     }
     outmsg *m = malloc(sizeof *m);
@@ -330,6 +352,11 @@ static void on_call_started(prismd_stream *s)
     s->peer.auth = bearer_token(&s->md);
     prismd_rpc *r = s->rpc;
     request_call(r, s->kind); /* the next call of this method */
+    if (r->shutting_down && s->kind != CALL_GET_MAP) {
+        start_close_watch(s);
+        call_end(s, GRPC_STATUS_UNAVAILABLE, "prismd is shutting down");
+        return;
+    }
     switch (s->kind) {
     case CALL_CONNECT:
         start_close_watch(s);
@@ -357,6 +384,13 @@ static void on_call_started(prismd_stream *s)
 static void on_read(prismd_stream *s, bool ok)
 {
     s->reading = false;
+    if (s->closed || s->ending) {
+        /* The call is over or being ended: what arrived is not acted on. */
+        if (s->recv)
+            grpc_byte_buffer_destroy(s->recv);
+        s->recv = NULL;
+        return;
+    }
     if (!ok || !s->recv) {
         /* The agent closed its side (or the call broke): finish cleanly. */
         call_end(s, GRPC_STATUS_OK, NULL);
@@ -515,11 +549,14 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
         return NULL;
     }
     grpc_init();
-    grpc_arg args[1];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int)opts->max_message_bytes;
-    grpc_channel_args channel_args = {1, args};
+    /* Keepalive pings find peers that vanished without a word (every 30 s, 10 s to answer). */
+    grpc_arg args[3] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = (int)opts->max_message_bytes},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 30000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 10000},
+    };
+    grpc_channel_args channel_args = {3, args};
     r->server = grpc_server_create(&channel_args, NULL);
     r->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(r->server, r->cq, NULL);

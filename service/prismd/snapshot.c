@@ -23,6 +23,7 @@ void prismd_snapshot_release(prismd_snapshot *snap)
         for (size_t b = 0; snap->jobs[i].names && b < snap->jobs[i].nblocks; b++)
             free(snap->jobs[i].names[b]);
         free(snap->jobs[i].names);
+        free(snap->jobs[i].token);
         free(snap->jobs[i].blocks);
         free(atomic_load(&snap->jobs[i].blocks_json));
         free(atomic_load(&snap->jobs[i].blocks_gzip));

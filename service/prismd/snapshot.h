@@ -27,6 +27,7 @@ typedef struct prismd_snap_job {
     size_t nblocks;
     prism_block_view *blocks;    /* ascending id */
     char **names;                /* parallel to blocks: the layout's name, or NULL */
+    char *token;                 /* the job's bearer token (never shown), or NULL */
     uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */

@@ -364,8 +364,10 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
         prism_error keep = *err;
         exec(s, "ROLLBACK", NULL);
         *err = keep;
-    } else {
-        rc = exec(s, "COMMIT", err);
+    } else if ((rc = exec(s, "COMMIT", err)) && !sqlite3_get_autocommit(s->db)) {
+        prism_error keep = *err;
+        exec(s, "ROLLBACK", NULL); /* a failed COMMIT can leave the transaction open */
+        *err = keep;
     }
     free(b.data);
     return rc;
@@ -390,7 +392,9 @@ prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *finge
         exec(s, "ROLLBACK", NULL);
         return rc;
     }
-    return exec(s, "COMMIT", err);
+    if ((rc = exec(s, "COMMIT", err)) && !sqlite3_get_autocommit(s->db))
+        exec(s, "ROLLBACK", NULL);
+    return rc;
 }
 
 long prismd_store_load_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,

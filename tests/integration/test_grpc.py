@@ -845,6 +845,9 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(code, grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertIn("stream fell too far behind", self.prismd.logs())
         self.assertEqual(self.prismd.http("/healthz")[0], 200)
+        # The cut-off stream is gone at once, not when the peer reads again.
+        self.prismd.json_until("/v1/jobs", lambda d: [j["agents_connected"] for j in d["jobs"]
+                                                      if j["job_id"] == "job-stall"] == [0])
 
     def test_events_stream_one_map_event_per_version(self):
         a = self.agent()
@@ -915,6 +918,27 @@ class GrpcTest(unittest.TestCase):
         a.hello("job-v", 0, 2)
         a.next()
         self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 1)
+
+    def test_calibration_for_unknown_blocks_or_with_a_huge_fingerprint_is_refused(self):
+        a = self.one_job_decided()  # blocks 0 and 1
+        a.send(calibration=pb.CalibrationReport(format=pb.INT8, errors=[pb.BlockError(block_id=7, relative_error=0.1)]))
+        e = a.next()
+        self.assertEqual(e.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertIn("block 7 is in no layout or report of the job", e.error.message)
+        a.send(calibration=pb.CalibrationReport(format=pb.INT8, fingerprint=b"x" * 65,
+                                                errors=[pb.BlockError(block_id=1, relative_error=0.1)]))
+        self.assertIn("calibration.fingerprint: 65 bytes, at most 64", a.next().error.message)
+
+    def test_a_refused_hello_leaves_no_job_behind(self):
+        a = self.agent()
+        a.hello("job-none", 5, 2)
+        self.assertEqual(a.status(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(json.loads(self.prismd.http("/v1/jobs")[1])["jobs"], [])
+
+    def test_a_path_that_is_not_utf8_is_400(self):
+        for path in ["/v1/jobs/%FF/blocks", "/nope%FF", "/v1/jobs/%C3/events"]:
+            status, body = self.prismd.http(path)
+            self.assertEqual((status, json.loads(body)["error"]["message"]), (400, "the request path is not valid UTF-8"))
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
