@@ -51,6 +51,7 @@
 #define PRISMD_DATA_DIR_MODE 0750
 #define PRISMD_HTTP_TIMEOUT_S 30u
 #define PRISMD_HTTP_THREADS 2u /* libmicrohttpd threads: reads never wait for a change in flight */
+#define PRISMD_HTTP_CONNECTIONS 1024u /* open HTTP connections at most (event streams included) */
 
 /* ---------------------------------------------------------------------------------------------
  * Options: one table (name, argument, default, help) read by the parser, the defaults and --help.
@@ -895,14 +896,15 @@ static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *o
         return MHD_start_daemon(flags | MHD_USE_TLS, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
                                 &http_log, srv, MHD_OPTION_HTTPS_MEM_CERT, opts->tls_cert, MHD_OPTION_HTTPS_MEM_KEY,
                                 opts->tls_key, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)&opts->http_addr,
-                                MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
-                                PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL,
-                                MHD_OPTION_END);
+                                MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+                                PRISMD_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S,
+                                MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL, MHD_OPTION_END);
     return MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
                             &http_log, srv, MHD_OPTION_SOCK_ADDR,
                             (const struct sockaddr *)&opts->http_addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
-                            PRISMD_HTTP_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                            MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+                            PRISMD_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S,
+                            MHD_OPTION_NOTIFY_COMPLETED,
                             &http_completed, NULL, MHD_OPTION_END);
 }
 
