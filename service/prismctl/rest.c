@@ -184,6 +184,23 @@ static int print_answer(const response *r)
     return 0;
 }
 
+/* Sends obj (taken) to /v1/jobs/JOB/WHAT and prints the answer; returns the exit status. */
+static int send_object(const client *c, const char *method, const char *job, const char *what, json_t *obj)
+{
+    char *body = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    char path[512];
+    snprintf(path, sizeof path, "/v1/jobs/%s/%s", job, what);
+    response r;
+    bool ok = body && request(c, method, path, body, &r);
+    free(body);
+    if (!ok)
+        return 1;
+    int code = print_answer(&r);
+    free(r.body);
+    return code;
+}
+
 /* KEY=VALUE: VALUE as JSON (0.7, true, [1,2], "x"), else as a plain string (mode=static). */
 static int cmd_config_patch(const client *c, const char *job, int n, char **pairs)
 {
@@ -201,18 +218,7 @@ static int cmd_config_patch(const client *c, const char *job, int n, char **pair
         json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, &jerr);
         json_object_set_new(obj, key, value ? value : json_string(eq + 1));
     }
-    char *body = json_dumps(obj, JSON_COMPACT);
-    json_decref(obj);
-    char path[512];
-    snprintf(path, sizeof path, "/v1/jobs/%s/config", job);
-    response r;
-    bool ok = body && request(c, "PATCH", path, body, &r);
-    free(body);
-    if (!ok)
-        return 1;
-    int code = print_answer(&r);
-    free(r.body);
-    return code;
+    return send_object(c, "PATCH", job, "config", obj);
 }
 
 /* "1,2,3" into a JSON array of block ids; NULL when it is not one. */
@@ -242,19 +248,8 @@ static int cmd_overrides(const client *c, const char *job, const char *bf16, con
         json_decref(b);
         return 2;
     }
-    json_t *obj = json_pack("{s:o, s:o}", "force_bf16_blocks", a, "force_int8_blocks", b);
-    char *body = json_dumps(obj, JSON_COMPACT);
-    json_decref(obj);
-    char path[512];
-    snprintf(path, sizeof path, "/v1/jobs/%s/overrides", job);
-    response r;
-    bool ok = body && request(c, "PUT", path, body, &r);
-    free(body);
-    if (!ok)
-        return 1;
-    int code = print_answer(&r);
-    free(r.body);
-    return code;
+    return send_object(c, "PUT", job, "overrides",
+                       json_pack("{s:o, s:o}", "force_bf16_blocks", a, "force_int8_blocks", b));
 }
 
 static void rest_usage(FILE *out, const char *cmd)
