@@ -52,6 +52,9 @@ struct prismd_job {
     prism_idmap name_ix;    /* block id -> index in names */
     char **names;           /* block names from the layouts of Hellos */
     size_t nnames, cap_names;
+    bool hints_sent;        /* the hints last sent to an agent of the job */
+    prismd_hints hints;
+    uint64_t hints_map_version;
     FILE *telemetry;        /* the job's telemetry JSONL, opened at its first record */
     char telemetry_name[256]; /* the telemetry_file it was opened as */
     uint64_t switches[PRISMD_REASONS];
@@ -453,7 +456,7 @@ static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p
     p->world_size = (uint32_t)c->world_size;
 }
 
-static void send_welcome(prismd_job *job, prismd_stream *s, const cal_list *cached)
+static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, const cal_list *cached)
 {
     Prism__V1__PolicyConfig cfg;
     fill_policy_config(prism_policy_config(job->policy), &cfg);
@@ -486,6 +489,19 @@ static void send_welcome(prismd_job *job, prismd_stream *s, const cal_list *cach
             group_ptrs[w.n_cached_errors++] = g;
     }
     w.cached_errors = group_ptrs;
+    const prismd_hints *h = &j->limits.hints;
+    Prism__V1__RuntimeHints hints = PRISM__V1__RUNTIME_HINTS__INIT;
+    hints.map_version = u.map_version;
+    hints.max_inflight_h2d = h->max_inflight_h2d;
+    hints.max_inflight_d2h = h->max_inflight_d2h;
+    hints.prefetch_window = h->prefetch_window;
+    hints.vram_pressure_threshold = h->vram_pressure_threshold;
+    hints.suppress_prefetch_in_backward = h->suppress_prefetch_in_backward;
+    hints.suppress_prefetch_in_optimizer = h->suppress_prefetch_in_optimizer;
+    w.hints = &hints;
+    job->hints_sent = true;
+    job->hints = *h;
+    job->hints_map_version = u.map_version;
     Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_WELCOME;
     m.welcome = &w;
@@ -602,7 +618,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     snprintf(rank, sizeof rank, "%u", h->rank);
     prismd_log(PRISMD_LOG_INFO, "agent connected", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
                LOG_END);
-    send_welcome(job, s, &cached);
+    send_welcome(j, job, s, &cached);
     cal_free(&cached);
     return true;
 }
@@ -980,6 +996,14 @@ static void publish(prismd_jobs *j)
         sj->nblocks = n;
         snprintf(sj->id, sizeof sj->id, "%s", job->id);
         sj->token = job->token ? strdup(job->token) : NULL;
+        sj->hints_sent = job->hints_sent;
+        sj->hints_h2d = job->hints.max_inflight_h2d;
+        sj->hints_d2h = job->hints.max_inflight_d2h;
+        sj->hints_prefetch = job->hints.prefetch_window;
+        sj->hints_vram = job->hints.vram_pressure_threshold;
+        sj->hints_suppress_backward = job->hints.suppress_prefetch_in_backward;
+        sj->hints_suppress_optimizer = job->hints.suppress_prefetch_in_optimizer;
+        sj->hints_map_version = job->hints_map_version;
         sj->world_size = job->world_size;
         sj->agents = (uint32_t)job->nagents;
         prism_policy_progress progress;

@@ -31,12 +31,24 @@ typedef struct prismd_status {
     char message[256];
 } prismd_status;
 
+/* The Conductor-style transfer limits prismd sends each agent (DESIGN 9): libprism applies them
+ * locally; prismd only chooses their parameters. */
+typedef struct prismd_hints {
+    uint32_t max_inflight_h2d;
+    uint32_t max_inflight_d2h;
+    uint32_t prefetch_window;
+    double vram_pressure_threshold;
+    bool suppress_prefetch_in_backward;
+    bool suppress_prefetch_in_optimizer;
+} prismd_hints;
+
 typedef struct prismd_jobs_limits {
     size_t max_jobs;
     size_t max_blocks;   /* per job */
     bool auto_create;    /* a Hello for an unknown job creates it; false: NOT_FOUND */
     const char *admin_token; /* accepted for every job's mutations; NULL: none */
     const char *data_dir;    /* jobs' files (telemetry) go under DATA_DIR/jobs/JOB/; NULL: none */
+    prismd_hints hints;      /* sent in every Welcome */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {

@@ -67,6 +67,7 @@ typedef struct prismd_options {
     size_t max_jobs;
     size_t max_blocks;
     bool auto_create;
+    prismd_hints hints;
     char *admin_token; /* read from --admin-token-file */
     char *tls_cert;    /* PEM, read from --tls-cert; with tls_key: both servers use TLS */
     char *tls_key;
@@ -264,6 +265,43 @@ static prism_status set_service_config(prismd_options *opts, const char *value, 
     return PRISM_OK;
 }
 
+static prism_status set_u32(uint32_t *out, const char *value, unsigned long long max, prism_error *err)
+{
+    size_t x;
+    prism_status st = set_size(&x, value, 0, max, err);
+    if (!st)
+        *out = (uint32_t)x;
+    return st;
+}
+
+static prism_status set_hint_h2d(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_u32(&opts->hints.max_inflight_h2d, value, 64, err);
+}
+
+static prism_status set_hint_d2h(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_u32(&opts->hints.max_inflight_d2h, value, 64, err);
+}
+
+static prism_status set_hint_prefetch(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_u32(&opts->hints.prefetch_window, value, 64, err);
+}
+
+static prism_status set_hint_vram(prismd_options *opts, const char *value, prism_error *err)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(value, &end);
+    if (errno || !value[0] || *end || !(x >= 0 && x <= 1))
+        return prism_error_set(err, PRISM_ERR_INVALID, "\"%.200s\" is not a fraction from 0 to 1", value);
+    opts->hints.vram_pressure_threshold = x;
+    opts->hints.suppress_prefetch_in_backward = true;  /* DESIGN 9: under pressure, in backward */
+    opts->hints.suppress_prefetch_in_optimizer = true; /* and during the optimizer phase */
+    return PRISM_OK;
+}
+
 static prism_status set_auto_create(prismd_options *opts, const char *value, prism_error *err)
 {
     if (strcmp(value, "true") == 0 || strcmp(value, "false") == 0) {
@@ -337,6 +375,13 @@ static const prismd_option prismd_option_table[] = {
     {"auto-create", 0, "true|false", "true", set_auto_create,
      "a Hello for an unknown job creates it, keeping the Hello's bearer token as the job's "
      "token; false: NOT_FOUND"},
+    {"hint-inflight-h2d", 0, "N", "2", set_hint_h2d,
+     "runtime hint sent to agents: host-to-device block copies in flight at once (0 to 64)"},
+    {"hint-inflight-d2h", 0, "N", "2", set_hint_d2h, "runtime hint: device-to-host copies in flight at once"},
+    {"hint-prefetch-window", 0, "N", "2", set_hint_prefetch, "runtime hint: blocks fetched ahead of the one in use"},
+    {"hint-vram-pressure", 0, "FRACTION", "0.8", set_hint_vram,
+     "runtime hint: used/total device memory above which speculative prefetch stops in backward and in "
+     "the optimizer phase (DESIGN 9)"},
     {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
      "file holding the admin bearer token, accepted for every job's REST changes; without it "
      "a job's changes need the job's token when it has one"},
@@ -1060,6 +1105,7 @@ static void print_usage(FILE *out)
         {"PUT /v1/jobs/JOB/overrides", "{\"force_bf16_blocks\": [...], \"force_int8_blocks\": [...]} (next decision)"},
         {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
         {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
+        {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
     };
     for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
@@ -1169,7 +1215,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
                    .max_blocks = opts->max_blocks,
                    .auto_create = opts->auto_create,
                    .admin_token = opts->admin_token,
-                   .data_dir = opts->data_dir},
+                   .data_dir = opts->data_dir,
+                   .hints = opts->hints},
         .commands = &commands,
     };
     rpc = prismd_rpc_start(&rpc_opts, defaults, &err);

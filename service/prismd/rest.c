@@ -475,6 +475,8 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD";
     if (strcmp(rest, "/events") == 0)
         return "GET";
+    if (strcmp(rest, "/hints") == 0)
+        return "GET, HEAD";
     if (strcmp(rest, "/overrides") == 0)
         return "PUT";
     return NULL;
@@ -550,6 +552,18 @@ bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, vo
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)
             get_telemetry(r, j, query, query_ctx, a);
+        else if (strcmp(rest, "/hints") == 0)
+            answer_json(a, 200,
+                        json_pack("{s:s, s:o}", "job_id", j->id, "hints",
+                                  !j->hints_sent ? json_null()
+                                                 : json_pack("{s:I, s:I, s:I, s:I, s:f, s:b, s:b}", "map_version",
+                                                             (json_int_t)j->hints_map_version, "max_inflight_h2d",
+                                                             (json_int_t)j->hints_h2d, "max_inflight_d2h",
+                                                             (json_int_t)j->hints_d2h, "prefetch_window",
+                                                             (json_int_t)j->hints_prefetch, "vram_pressure_threshold",
+                                                             j->hints_vram, "suppress_prefetch_in_backward",
+                                                             j->hints_suppress_backward, "suppress_prefetch_in_optimizer",
+                                                             j->hints_suppress_optimizer)));
         else
             get_block(r, j, rest + 8, a);
     }

@@ -28,6 +28,11 @@ typedef struct prismd_snap_job {
     prism_block_view *blocks;    /* ascending id */
     char **names;                /* parallel to blocks: the layout's name, or NULL */
     char *token;                 /* the job's bearer token (never shown), or NULL */
+    bool hints_sent;             /* runtime hints went to an agent of the job */
+    uint32_t hints_h2d, hints_d2h, hints_prefetch;
+    double hints_vram;
+    bool hints_suppress_backward, hints_suppress_optimizer;
+    uint64_t hints_map_version;
     uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */

@@ -940,5 +940,30 @@ class GrpcTest(unittest.TestCase):
             status, body = self.prismd.http(path)
             self.assertEqual((status, json.loads(body)["error"]["message"]), (400, "the request path is not valid UTF-8"))
 
+    def test_runtime_hints_go_out_in_welcome_and_show_in_rest(self):
+        doc = self.prismd.json_until("/v1/jobs", lambda d: True)
+        a = self.agent()
+        a.hello("job-h", 0, 1)
+        w = a.next().welcome
+        self.assertEqual((w.hints.max_inflight_h2d, w.hints.max_inflight_d2h, w.hints.prefetch_window,
+                          w.hints.vram_pressure_threshold, w.hints.suppress_prefetch_in_backward,
+                          w.hints.suppress_prefetch_in_optimizer, w.hints.map_version), (2, 2, 2, 0.8, True, True, 0))
+        hints = self.prismd.json_until("/v1/jobs/job-h/hints", lambda d: d["hints"] is not None)["hints"]
+        self.assertEqual(hints, {"map_version": 0, "max_inflight_h2d": 2, "max_inflight_d2h": 2, "prefetch_window": 2,
+                                 "vram_pressure_threshold": 0.8, "suppress_prefetch_in_backward": True,
+                                 "suppress_prefetch_in_optimizer": True})
+        self.prismd.stop()
+        self.prismd = Prismd("--hint-inflight-h2d", "4", "--hint-prefetch-window", "0", "--hint-vram-pressure", "0.9")
+        b = self.agent()
+        b.hello("job-h2", 0, 1)
+        w = b.next().welcome
+        self.assertEqual((w.hints.max_inflight_h2d, w.hints.prefetch_window, w.hints.vram_pressure_threshold),
+                         (4, 0, 0.9))
+        self.assertEqual(self.prismd.http("/v1/jobs/nope/hints")[0], 404)
+        p = subprocess.run([os.path.join(BUILD, "service", "prismd"), "--hint-vram-pressure", "2"],
+                           capture_output=True, text=True, timeout=WAIT_S)
+        self.assertEqual((p.returncode, p.stderr),
+                         (2, 'prismd: --hint-vram-pressure: "2" is not a fraction from 0 to 1\n'))
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
