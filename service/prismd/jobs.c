@@ -856,6 +856,12 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
     return ok;
 }
 
+void prismd_jobs_stream_broken(prismd_jobs *j)
+{
+    j->counters.streams_broken++;
+    j->dirty = true;
+}
+
 void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer)
 {
     prismd_job *job = peer->job;
@@ -1029,6 +1035,7 @@ static void publish(prismd_jobs *j)
     snap->updates_sent = c->updates_sent;
     snap->store_errors = c->store_errors;
     snap->agents_refused = c->streams_refused;
+    snap->streams_broken = c->streams_broken;
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;
     snap->decision_seconds = j->decision_seconds;

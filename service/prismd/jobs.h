@@ -61,6 +61,7 @@ typedef struct prismd_jobs_counters {
     uint64_t updates_sent;
     uint64_t store_errors;     /* state not saved: its map was not sent */
     uint64_t streams_refused;  /* Connect streams ended for a bad Hello, token or order */
+    uint64_t streams_broken;   /* Connect streams whose read failed: an oversized message, a lost peer */
 } prismd_jobs_counters;
 
 /* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the
@@ -73,6 +74,9 @@ void prismd_jobs_destroy(prismd_jobs *j);
  * end (no Hello first, unknown job, wrong token, a Hello that does not fit the job). */
 bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *data,
                                size_t len, int64_t now_ms, prismd_status *end);
+
+/* A Connect stream's read failed (rpc.c cannot tell an oversized message from a lost peer). */
+void prismd_jobs_stream_broken(prismd_jobs *j);
 
 /* A Connect or Watch stream is gone: forget it. */
 void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer);

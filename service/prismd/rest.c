@@ -410,6 +410,9 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     family(&t, "prism_agent_streams_refused_total", "counter",
            "Agent streams ended for a bad Hello, a wrong token, an unknown job or a message out of order.");
     add(&t, "prism_agent_streams_refused_total %llu\n", (unsigned long long)snap->agents_refused);
+    family(&t, "prism_agent_streams_broken_total", "counter",
+           "Agent streams whose read failed: a message over --max-message-bytes, or a peer that went away.");
+    add(&t, "prism_agent_streams_broken_total %llu\n", (unsigned long long)snap->streams_broken);
     family(&t, "prism_decision_duration_seconds", "histogram", "Time of one policy decision, ingest of its step included.");
     for (int b = 0; b < PRISMD_DECISION_BUCKETS; b++)
         add(&t, "prism_decision_duration_seconds_bucket{le=\"%g\"} %llu\n", prismd_decision_buckets[b],

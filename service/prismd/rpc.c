@@ -391,6 +391,8 @@ static void on_read(prismd_stream *s, bool ok)
         s->recv = NULL;
         return;
     }
+    if (!ok)
+        prismd_jobs_stream_broken(s->rpc->jobs);
     if (!ok || !s->recv) {
         /* The agent closed its side (or the call broke): finish cleanly. */
         call_end(s, GRPC_STATUS_OK, NULL);

@@ -335,6 +335,13 @@ class GrpcTest(unittest.TestCase):
         a.next()
         a.step(1, [1.0] * 200)  # about 6 KB
         self.assertEqual(a.status(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.prismd.json_until("/v1/jobs", lambda d: True)
+        for _ in range(200):  # counted, bounded wait for the snapshot
+            metrics = self.prismd.http("/metrics")[1]
+            if "prism_agent_streams_broken_total 1" in metrics:
+                break
+            time.sleep(0.025)
+        self.assertIn("prism_agent_streams_broken_total 1\n", metrics)
 
     def test_too_many_blocks_is_refused_with_an_error(self):
         self.prismd.stop()
@@ -514,6 +521,7 @@ class GrpcTest(unittest.TestCase):
         ranks["job-a"][0].send(step_report=pb.StepReport(step=3, blocks=[
             pb.BlockGradStats(block_id=0, l2_norm=-1.0, max_abs=1.0, numel=4)]))
         self.assertEqual(ranks["job-a"][0].next().WhichOneof("kind"), "error")
+        ranks["job-b"][1].step(1, (1.0, 1.0))  # step 1 is done: late
         bad = self.agent("x")
         bad.step(1, (1.0,))
         self.assertEqual(bad.status(), grpc.StatusCode.FAILED_PRECONDITION)
@@ -525,7 +533,8 @@ class GrpcTest(unittest.TestCase):
 
         for _ in range(200):
             values, text = metrics()
-            if values.get("prism_agent_streams_refused_total") == "1":
+            if (values.get("prism_agent_streams_refused_total") == "1" and
+                    values.get('prism_step_reports_total{outcome="late"}') == "1"):
                 break
             time.sleep(0.025)
         check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
@@ -543,6 +552,7 @@ class GrpcTest(unittest.TestCase):
             'prism_map_version{job="job-a"}': "1",
             'prism_step_reports_total{outcome="accepted"}': "8",
             'prism_step_reports_total{outcome="malformed"}': "1",
+            'prism_step_reports_total{outcome="late"}': "1",
             "prism_block_records_received_total": "16",
             "prism_decisions_total": "2",
             "prism_map_updates_sent_total": "4",
