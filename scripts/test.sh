@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then configures, builds and tests two builds:
-#   build/       RelWithDebInfo, CUDA kernels on when a toolkit is found
+#   build/       Release (as scripts/run.sh builds prismd), CUDA kernels on when a toolkit is found
 #   build-asan/  Debug with AddressSanitizer + UndefinedBehaviorSanitizer, CPU only
 # Both builds always run; the exit status is non-zero when any step of either failed.
 set -euo pipefail
@@ -48,7 +48,7 @@ run_build() {
 }
 
 status=0
-run_build build build -DCMAKE_BUILD_TYPE=RelWithDebInfo || status=1
+run_build build build -DCMAKE_BUILD_TYPE=Release || status=1
 export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_build build-asan build-asan -DCMAKE_BUILD_TYPE=Debug -DPRISM_SANITIZE=ON -DPRISM_CUDA=OFF \

@@ -267,7 +267,7 @@ static prism_status set_service_config(prismd_options *opts, const char *value, 
 
 static prism_status set_u32(uint32_t *out, const char *value, unsigned long long max, prism_error *err)
 {
-    size_t x;
+    size_t x = 0;
     prism_status st = set_size(&x, value, 0, max, err);
     if (!st)
         *out = (uint32_t)x;
