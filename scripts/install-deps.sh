@@ -46,4 +46,11 @@ echo "install-deps: installing ${missing[*]}"
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Only promtool (from Debian's prometheus package) is wanted, for checking /metrics in the tests;
+# where systemd runs, the package also starts a Prometheus server: stop and disable it again.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [[ -d /run/systemd/system ]] &&
+  command -v systemctl >/dev/null 2>&1; then
+  echo "install-deps: stopping the prometheus service the package started (only promtool is used)"
+  "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
 echo "install-deps: done"
