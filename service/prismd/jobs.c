@@ -333,6 +333,26 @@ static uint8_t *pack_service(const Prism__V1__ServiceMessage *m, size_t *len)
     return buf;
 }
 
+/* Packs m and queues it on s. */
+static void send_service(prismd_stream *s, const Prism__V1__ServiceMessage *m)
+{
+    size_t len;
+    uint8_t *buf = pack_service(m, &len);
+    if (buf)
+        prismd_stream_send(s, buf, len);
+    free(buf);
+}
+
+/* A bare PrecisionUpdate (what Watch streams carry), packed; caller frees. */
+static uint8_t *pack_update(const Prism__V1__PrecisionUpdate *u, size_t *len)
+{
+    *len = prism__v1__precision_update__get_packed_size(u);
+    uint8_t *buf = malloc(*len ? *len : 1);
+    if (buf)
+        prism__v1__precision_update__pack(u, buf);
+    return buf;
+}
+
 static void send_error(prismd_stream *s, int code, const char *message)
 {
     Prism__V1__Error e = PRISM__V1__ERROR__INIT;
@@ -341,11 +361,7 @@ static void send_error(prismd_stream *s, int code, const char *message)
     Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_ERROR;
     m.error = &e;
-    size_t len;
-    uint8_t *buf = pack_service(&m, &len);
-    if (buf)
-        prismd_stream_send(s, buf, len);
-    free(buf);
+    send_service(s, &m);
 }
 
 /* Sends the job's current map to every agent (as a ServiceMessage) and watcher (as a bare
@@ -370,13 +386,10 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
     }
     free(buf);
     if (job->nwatchers) {
-        size_t ulen = prism__v1__precision_update__get_packed_size(&u);
-        uint8_t *ubuf = malloc(ulen ? ulen : 1);
-        if (ubuf) {
-            prism__v1__precision_update__pack(&u, ubuf);
-            for (size_t i = 0; i < job->nwatchers; i++)
-                prismd_stream_send(job->watchers[i], ubuf, ulen);
-        }
+        size_t ulen;
+        uint8_t *ubuf = pack_update(&u, &ulen);
+        for (size_t i = 0; ubuf && i < job->nwatchers; i++)
+            prismd_stream_send(job->watchers[i], ubuf, ulen);
         free(ubuf);
     }
     map_free(&st);
@@ -505,11 +518,7 @@ static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, cons
     Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_WELCOME;
     m.welcome = &w;
-    size_t len;
-    uint8_t *buf = pack_service(&m, &len);
-    if (buf)
-        prismd_stream_send(s, buf, len);
-    free(buf);
+    send_service(s, &m);
     free(error_ptrs);
     map_free(&st);
 }
@@ -946,15 +955,11 @@ bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, cons
         if (prism_policy_map_version(job->policy) > r->after_version) {
             Prism__V1__PrecisionUpdate u;
             map_storage st;
-            if (map_build(job, &u, &st)) {
-                size_t ulen = prism__v1__precision_update__get_packed_size(&u);
-                uint8_t *ubuf = malloc(ulen ? ulen : 1);
-                if (ubuf) {
-                    prism__v1__precision_update__pack(&u, ubuf);
-                    prismd_stream_send(s, ubuf, ulen);
-                }
-                free(ubuf);
-            }
+            size_t ulen;
+            uint8_t *ubuf = map_build(job, &u, &st) ? pack_update(&u, &ulen) : NULL;
+            if (ubuf)
+                prismd_stream_send(s, ubuf, ulen);
+            free(ubuf);
             map_free(&st);
         }
     }
