@@ -1,0 +1,530 @@
+/* The CPU drivers (cpu.h): argument checks, the cut of a call into ranges, threads, and the fixed
+ * order in which range results are combined. The public *_cpu functions of kernels.h are here. */
+#define _POSIX_C_SOURCE 200809L
+#include "cpu.h"
+#include "quant_core.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Elements one thread's task covers: large enough that handing it out costs nothing, small enough
+ * that two cores share a 1 MiB input. A multiple of PRISM_STATS_CHUNK and even (INT4 bytes). */
+#define TASK_ELEMENTS ((size_t)64 * 1024)
+/* Below this many elements a call stays on the caller's thread (a thread start costs ~20 us). */
+#define THREAD_MIN_ELEMENTS ((size_t)512 * 1024)
+
+void prism_moments_merge(prism_moments *a, const prism_moments *b)
+{
+    if (a->n == 0) {
+        double sumsq = a->sumsq + b->sumsq;
+        double max_abs = a->max_abs > b->max_abs ? a->max_abs : b->max_abs;
+        uint64_t nonfinite = a->nonfinite + b->nonfinite;
+        *a = *b;
+        a->sumsq = sumsq;
+        a->max_abs = max_abs;
+        a->nonfinite = nonfinite;
+        return;
+    }
+    if (b->n > 0) {
+        double n = a->n + b->n;
+        double delta = b->mean - a->mean;
+        a->mean += delta * b->n / n;
+        a->m2 += b->m2 + delta * delta * a->n * b->n / n;
+        a->n = n;
+    }
+    a->sumsq += b->sumsq;
+    if (b->max_abs > a->max_abs)
+        a->max_abs = b->max_abs;
+    a->nonfinite += b->nonfinite;
+}
+
+/* ---- threads ---------------------------------------------------------------------------- */
+
+typedef void (*task_fn)(void *ctx, size_t task);
+
+typedef struct pool_run {
+    task_fn fn;
+    void *ctx;
+    size_t tasks;
+    atomic_size_t next;
+} pool_run;
+
+static void *worker(void *arg)
+{
+    pool_run *run = arg;
+    for (;;) {
+        size_t t = atomic_fetch_add(&run->next, 1);
+        if (t >= run->tasks)
+            return NULL;
+        run->fn(run->ctx, t);
+    }
+}
+
+/* How many threads `elements` of work are worth: threads = 0 means automatic. */
+static int threads_for(int threads, size_t elements)
+{
+    if (threads > 0)
+        return threads;
+    if (elements < THREAD_MIN_ELEMENTS)
+        return 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t worth = elements / (THREAD_MIN_ELEMENTS / 2);
+    size_t n = cpus > 0 ? (size_t)cpus : 1;
+    if (n > 64)
+        n = 64;
+    return (int)(worth < n ? worth : n);
+}
+
+/* Runs fn(ctx, t) for every t < tasks, on the caller and up to threads - 1 more threads. Tasks
+ * write only their own results, so the order they run in changes nothing. When a thread cannot
+ * be started the caller does its share. */
+static void run_tasks(int threads, size_t tasks, task_fn fn, void *ctx)
+{
+    pool_run run = {.fn = fn, .ctx = ctx, .tasks = tasks};
+    atomic_init(&run.next, 0);
+    pthread_t ids[64];
+    int started = 0;
+    if ((size_t)threads > tasks)
+        threads = (int)tasks;
+    for (int i = 1; i < threads && i < 64; i++) {
+        if (pthread_create(&ids[started], NULL, worker, &run) != 0)
+            break;
+        started++;
+    }
+    worker(&run);
+    for (int i = 0; i < started; i++)
+        pthread_join(ids[i], NULL);
+}
+
+/* ---- checks ----------------------------------------------------------------------------- */
+
+static prism_status check_tensor(const prism_tensor *x, const char *what, size_t index,
+                                 prism_error *err)
+{
+    if (!x)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: tensor is NULL", what, index);
+    if (prism_dtype_size(x->dtype) == 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: unknown dtype %d", what, index,
+                               (int)x->dtype);
+    if (x->numel && !x->data)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: %zu elements but no data", what,
+                               index, x->numel);
+    return PRISM_OK;
+}
+
+static prism_status check_path(const prism_cpu_path **path, prism_error *err)
+{
+    if (!*path)
+        *path = &prism_cpu_scalar;
+    (void)err;
+    return PRISM_OK;
+}
+
+/* ---- gradient statistics ---------------------------------------------------------------- */
+
+typedef struct stats_job {
+    const prism_cpu_path *path;
+    const prism_tensor *tensors;
+    const uint32_t *chunk_tensor; /* chunk -> tensor index */
+    const size_t *first_chunk;    /* tensor -> its first chunk */
+    size_t chunks;
+    prism_moments *moments; /* one per chunk */
+} stats_job;
+
+#define STATS_TASK_CHUNKS (TASK_ELEMENTS / PRISM_STATS_CHUNK)
+
+static void stats_task(void *ctx, size_t task)
+{
+    stats_job *job = ctx;
+    size_t c0 = task * STATS_TASK_CHUNKS;
+    size_t c1 = c0 + STATS_TASK_CHUNKS < job->chunks ? c0 + STATS_TASK_CHUNKS : job->chunks;
+    for (size_t c = c0; c < c1; c++) {
+        uint32_t t = job->chunk_tensor[c];
+        const prism_tensor *x = &job->tensors[t];
+        size_t begin = (c - job->first_chunk[t]) * PRISM_STATS_CHUNK;
+        size_t end = begin + PRISM_STATS_CHUNK < x->numel ? begin + PRISM_STATS_CHUNK : x->numel;
+        job->path->stats_chunk(x, begin, end, &job->moments[c]);
+    }
+}
+
+prism_status prism_grad_stats_blocks_with(const prism_cpu_path *path, int threads,
+                                          const prism_tensor *tensors, const size_t *block_start,
+                                          size_t blocks, prism_grad_stats *out, prism_error *err)
+{
+    check_path(&path, err);
+    if (blocks && (!block_start || !out))
+        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: block_start or out is NULL");
+    if (blocks == 0)
+        return PRISM_OK;
+    if (block_start[0] != 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "block_start[0] is %zu, not 0", block_start[0]);
+    for (size_t b = 0; b < blocks; b++)
+        if (block_start[b + 1] < block_start[b])
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "block_start[%zu] = %zu is below block_start[%zu] = %zu", b + 1,
+                                   block_start[b + 1], b, block_start[b]);
+    size_t count = block_start[blocks];
+    if (count && !tensors)
+        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: %zu tensors but tensors is NULL", count);
+    if (count > UINT32_MAX)
+        return prism_error_set(err, PRISM_ERR_LIMIT, "grad_stats: %zu tensors in one call (limit %u)",
+                               count, UINT32_MAX);
+    size_t chunks = 0, elements = 0;
+    for (size_t t = 0; t < count; t++) {
+        prism_status st = check_tensor(&tensors[t], "tensor", t, err);
+        if (st != PRISM_OK)
+            return st;
+        chunks += tensors[t].numel / PRISM_STATS_CHUNK + (tensors[t].numel % PRISM_STATS_CHUNK != 0);
+        elements += tensors[t].numel;
+    }
+    prism_moments *moments = calloc(chunks ? chunks : 1, sizeof *moments);
+    uint32_t *chunk_tensor = malloc((chunks ? chunks : 1) * sizeof *chunk_tensor);
+    size_t *first_chunk = malloc((count ? count : 1) * sizeof *first_chunk);
+    if (!moments || !chunk_tensor || !first_chunk) {
+        free(moments);
+        free(chunk_tensor);
+        free(first_chunk);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "grad_stats: no memory for %zu chunks", chunks);
+    }
+    size_t c = 0;
+    for (size_t t = 0; t < count; t++) {
+        first_chunk[t] = c;
+        size_t n = tensors[t].numel / PRISM_STATS_CHUNK + (tensors[t].numel % PRISM_STATS_CHUNK != 0);
+        for (size_t k = 0; k < n; k++)
+            chunk_tensor[c++] = (uint32_t)t;
+    }
+    stats_job job = {path, tensors, chunk_tensor, first_chunk, chunks, moments};
+    size_t tasks = chunks / STATS_TASK_CHUNKS + (chunks % STATS_TASK_CHUNKS != 0);
+    run_tasks(threads_for(threads, elements), tasks, stats_task, &job);
+
+    /* Chunks into their tensor, tensors into their block, each in order. */
+    for (size_t b = 0; b < blocks; b++) {
+        prism_moments block = {0};
+        uint64_t numel = 0;
+        for (size_t t = block_start[b]; t < block_start[b + 1]; t++) {
+            prism_moments tensor = {0};
+            size_t end = t + 1 < count ? first_chunk[t + 1] : chunks;
+            for (size_t k = first_chunk[t]; k < end; k++)
+                prism_moments_merge(&tensor, &moments[k]);
+            prism_moments_merge(&block, &tensor);
+            numel += tensors[t].numel;
+        }
+        out[b].l2_norm = sqrt(block.sumsq);
+        out[b].max_abs = block.max_abs;
+        out[b].mean = block.n > 0 ? block.mean : 0.0;
+        out[b].variance = block.n > 0 ? block.m2 / block.n : 0.0;
+        out[b].numel = numel;
+        out[b].nonfinite = block.nonfinite;
+    }
+    free(moments);
+    free(chunk_tensor);
+    free(first_chunk);
+    return PRISM_OK;
+}
+
+prism_status prism_grad_stats_blocks_cpu(const prism_tensor *tensors, const size_t *block_start,
+                                         size_t blocks, prism_grad_stats *out, prism_error *err)
+{
+    return prism_grad_stats_blocks_with(prism_cpu_best(), 0, tensors, block_start, blocks, out, err);
+}
+
+prism_status prism_grad_stats_cpu(const prism_tensor *tensors, size_t count, prism_grad_stats *out,
+                                  prism_error *err)
+{
+    if (!out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: out is NULL");
+    memset(out, 0, sizeof *out);
+    size_t start[2] = {0, count};
+    return prism_grad_stats_blocks_cpu(tensors, start, 1, out, err);
+}
+
+/* ---- quantize --------------------------------------------------------------------------- */
+
+typedef struct quant_job {
+    const prism_cpu_path *path;
+    const prism_quant_spec *spec;
+    const prism_tensor *x;
+    uint8_t *codes;
+    float *scales;
+    size_t group_len, groups, task_groups;
+    float scale;        /* per tensor: the one scale */
+    float *task_amax;   /* per tensor, first pass: one per task */
+    uint64_t *task_bad; /* NaN/Inf per task */
+} quant_job;
+
+static size_t range_end(size_t task, size_t per, size_t total)
+{
+    size_t end = (task + 1) * per;
+    return end < total ? end : total;
+}
+
+static void amax_task(void *ctx, size_t task)
+{
+    quant_job *job = ctx;
+    job->path->amax(job->x, task * TASK_ELEMENTS, range_end(task, TASK_ELEMENTS, job->x->numel),
+                    &job->task_amax[task], &job->task_bad[task]);
+}
+
+static void quantize_range_task(void *ctx, size_t task)
+{
+    quant_job *job = ctx;
+    job->path->quantize_range(job->spec, job->x, task * TASK_ELEMENTS,
+                              range_end(task, TASK_ELEMENTS, job->x->numel), job->scale, job->codes);
+}
+
+static void quantize_groups_task(void *ctx, size_t task)
+{
+    quant_job *job = ctx;
+    job->task_bad[task] = 0;
+    job->path->quantize_groups(job->spec, job->group_len, job->x, task * job->task_groups,
+                               range_end(task, job->task_groups, job->groups), job->scales,
+                               job->codes, &job->task_bad[task]);
+}
+
+prism_status prism_quantize_with(const prism_cpu_path *path, int threads,
+                                 const prism_quant_spec *spec, const prism_tensor *x,
+                                 uint8_t *codes, float *scales, uint64_t *nonfinite,
+                                 prism_error *err)
+{
+    check_path(&path, err);
+    prism_status st = check_tensor(x, "input", 0, err);
+    if (st != PRISM_OK)
+        return st;
+    size_t groups, group_len, code_bytes;
+    st = prism_quant_layout(spec, x->numel, &groups, &group_len, &code_bytes, err);
+    if (st != PRISM_OK)
+        return st;
+    if (nonfinite)
+        *nonfinite = 0;
+    if (x->numel == 0)
+        return PRISM_OK;
+    if (!codes || !scales)
+        return prism_error_set(err, PRISM_ERR_INVALID, "quantize: codes or scales is NULL");
+    if (spec->format == PRISM_PRECISION_INT4 && x->numel % 2)
+        codes[code_bytes - 1] = 0; /* the unused high nibble */
+
+    quant_job job = {.path = path, .spec = spec, .x = x, .codes = codes, .scales = scales,
+                     .group_len = group_len, .groups = groups};
+    int nthreads = threads_for(threads, x->numel);
+    uint64_t bad = 0;
+    if (spec->granularity == PRISM_GRANULARITY_TENSOR) {
+        size_t tasks = x->numel / TASK_ELEMENTS + (x->numel % TASK_ELEMENTS != 0);
+        job.task_amax = malloc(tasks * sizeof *job.task_amax);
+        job.task_bad = malloc(tasks * sizeof *job.task_bad);
+        if (!job.task_amax || !job.task_bad) {
+            free(job.task_amax);
+            free(job.task_bad);
+            return prism_error_set(err, PRISM_ERR_NOMEM, "quantize: no memory for %zu tasks", tasks);
+        }
+        run_tasks(nthreads, tasks, amax_task, &job);
+        float amax = 0.0f;
+        for (size_t t = 0; t < tasks; t++) {
+            amax = job.task_amax[t] > amax ? job.task_amax[t] : amax;
+            bad += job.task_bad[t];
+        }
+        scales[0] = job.scale =
+            prism_qc_scale(amax, (int)spec->format, spec->scale_mode == PRISM_SCALE_POW2);
+        run_tasks(nthreads, tasks, quantize_range_task, &job);
+        free(job.task_amax);
+        free(job.task_bad);
+    } else {
+        /* Tasks of whole groups, about TASK_ELEMENTS each; an even number of groups when INT4
+         * groups are odd, so no two tasks share a byte. */
+        size_t per = TASK_ELEMENTS / group_len;
+        if (per == 0)
+            per = 1;
+        if (spec->format == PRISM_PRECISION_INT4 && group_len % 2 && per % 2)
+            per++;
+        job.task_groups = per;
+        size_t tasks = groups / per + (groups % per != 0);
+        job.task_bad = malloc(tasks * sizeof *job.task_bad);
+        if (!job.task_bad)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "quantize: no memory for %zu tasks", tasks);
+        run_tasks(nthreads, tasks, quantize_groups_task, &job);
+        for (size_t t = 0; t < tasks; t++)
+            bad += job.task_bad[t];
+        free(job.task_bad);
+    }
+    if (nonfinite)
+        *nonfinite = bad;
+    return PRISM_OK;
+}
+
+prism_status prism_quantize_cpu(const prism_quant_spec *spec, const prism_tensor *x, uint8_t *codes,
+                                float *scales, uint64_t *nonfinite, prism_error *err)
+{
+    return prism_quantize_with(prism_cpu_best(), 0, spec, x, codes, scales, nonfinite, err);
+}
+
+/* ---- dequantize and accumulate ---------------------------------------------------------- */
+
+typedef struct decode_job {
+    const prism_cpu_path *path;
+    prism_precision format;
+    size_t group_len, numel;
+    const uint8_t *codes;
+    const float *scales;
+    void *out;
+    prism_dtype dtype;
+    float *acc;
+} decode_job;
+
+static void dequantize_task(void *ctx, size_t task)
+{
+    decode_job *job = ctx;
+    job->path->dequantize_range(job->format, job->group_len, job->codes, job->scales,
+                                task * TASK_ELEMENTS, range_end(task, TASK_ELEMENTS, job->numel),
+                                job->out, job->dtype);
+}
+
+static void accumulate_task(void *ctx, size_t task)
+{
+    decode_job *job = ctx;
+    job->path->accumulate_range(job->format, job->group_len, job->codes, job->scales,
+                                task * TASK_ELEMENTS, range_end(task, TASK_ELEMENTS, job->numel),
+                                job->acc);
+}
+
+static prism_status decode_setup(const prism_quant_spec *spec, const uint8_t *codes,
+                                 const float *scales, size_t numel, const void *out,
+                                 decode_job *job, prism_error *err)
+{
+    size_t groups, group_len;
+    prism_status st = prism_quant_layout(spec, numel, &groups, &group_len, NULL, err);
+    if (st != PRISM_OK)
+        return st;
+    if (numel && (!codes || !scales || !out))
+        return prism_error_set(err, PRISM_ERR_INVALID, "dequantize: codes, scales or output is NULL");
+    job->format = spec->format;
+    job->group_len = group_len;
+    job->numel = numel;
+    job->codes = codes;
+    job->scales = scales;
+    return PRISM_OK;
+}
+
+prism_status prism_dequantize_with(const prism_cpu_path *path, int threads,
+                                   const prism_quant_spec *spec, const uint8_t *codes,
+                                   const float *scales, size_t numel, void *out,
+                                   prism_dtype out_dtype, prism_error *err)
+{
+    check_path(&path, err);
+    decode_job job = {.path = path, .out = out, .dtype = out_dtype};
+    prism_status st = decode_setup(spec, codes, scales, numel, out, &job, err);
+    if (st != PRISM_OK)
+        return st;
+    if (prism_dtype_size(out_dtype) == 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "out_dtype: unknown dtype %d", (int)out_dtype);
+    size_t tasks = numel / TASK_ELEMENTS + (numel % TASK_ELEMENTS != 0);
+    run_tasks(threads_for(threads, numel), tasks, dequantize_task, &job);
+    return PRISM_OK;
+}
+
+prism_status prism_dequantize_cpu(const prism_quant_spec *spec, const uint8_t *codes,
+                                  const float *scales, size_t numel, void *out, prism_dtype out_dtype,
+                                  prism_error *err)
+{
+    return prism_dequantize_with(prism_cpu_best(), 0, spec, codes, scales, numel, out, out_dtype, err);
+}
+
+prism_status prism_dequantize_accumulate_with(const prism_cpu_path *path, int threads,
+                                              const prism_quant_spec *spec, const uint8_t *codes,
+                                              const float *scales, size_t numel, float *acc,
+                                              prism_error *err)
+{
+    check_path(&path, err);
+    decode_job job = {.path = path, .acc = acc};
+    prism_status st = decode_setup(spec, codes, scales, numel, acc, &job, err);
+    if (st != PRISM_OK)
+        return st;
+    size_t tasks = numel / TASK_ELEMENTS + (numel % TASK_ELEMENTS != 0);
+    run_tasks(threads_for(threads, numel), tasks, accumulate_task, &job);
+    return PRISM_OK;
+}
+
+prism_status prism_dequantize_accumulate_cpu(const prism_quant_spec *spec, const uint8_t *codes,
+                                             const float *scales, size_t numel, float *acc,
+                                             prism_error *err)
+{
+    return prism_dequantize_accumulate_with(prism_cpu_best(), 0, spec, codes, scales, numel, acc, err);
+}
+
+/* ---- relative error --------------------------------------------------------------------- */
+
+typedef struct error_job {
+    const prism_cpu_path *path;
+    const prism_tensor *a, *b;
+    size_t chunks;
+    double *sums; /* two per chunk */
+    int *bad;     /* one per chunk */
+} error_job;
+
+static void error_task(void *ctx, size_t task)
+{
+    error_job *job = ctx;
+    size_t c0 = task * STATS_TASK_CHUNKS;
+    size_t c1 = range_end(task, STATS_TASK_CHUNKS, job->chunks);
+    for (size_t c = c0; c < c1; c++)
+        job->path->error_chunk(job->a, job->b, c * PRISM_STATS_CHUNK,
+                               range_end(c, PRISM_STATS_CHUNK, job->a->numel), &job->sums[2 * c],
+                               &job->bad[c]);
+}
+
+prism_status prism_relative_error_with(const prism_cpu_path *path, int threads,
+                                       const prism_tensor *a, const prism_tensor *b, double *out,
+                                       prism_error *err)
+{
+    check_path(&path, err);
+    prism_status st = check_tensor(a, "tensor a", 0, err);
+    if (st == PRISM_OK)
+        st = check_tensor(b, "tensor b", 0, err);
+    if (st != PRISM_OK)
+        return st;
+    if (!out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "relative_error: out is NULL");
+    if (a->numel != b->numel)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "relative_error: a has %zu elements and b has %zu", a->numel, b->numel);
+    size_t chunks = a->numel / PRISM_STATS_CHUNK + (a->numel % PRISM_STATS_CHUNK != 0);
+    error_job job = {.path = path, .a = a, .b = b, .chunks = chunks};
+    job.sums = malloc((chunks ? chunks : 1) * 2 * sizeof *job.sums);
+    job.bad = malloc((chunks ? chunks : 1) * sizeof *job.bad);
+    if (!job.sums || !job.bad) {
+        free(job.sums);
+        free(job.bad);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "relative_error: no memory for %zu chunks", chunks);
+    }
+    size_t tasks = chunks / STATS_TASK_CHUNKS + (chunks % STATS_TASK_CHUNKS != 0);
+    run_tasks(threads_for(threads, a->numel), tasks, error_task, &job);
+    double diff = 0, norm = 0;
+    int bad = 0;
+    for (size_t c = 0; c < chunks; c++) {
+        diff += job.sums[2 * c];
+        norm += job.sums[2 * c + 1];
+        bad |= job.bad[c];
+    }
+    free(job.sums);
+    free(job.bad);
+    if (bad)
+        *out = NAN;
+    else if (norm == 0)
+        *out = diff == 0 ? 0.0 : INFINITY;
+    else
+        *out = sqrt(diff / norm);
+    return PRISM_OK;
+}
+
+prism_status prism_relative_error_cpu(const prism_tensor *a, const prism_tensor *b, double *out,
+                                      prism_error *err)
+{
+    return prism_relative_error_with(prism_cpu_best(), 0, a, b, out, err);
+}
+
+const prism_cpu_path *prism_cpu_best(void)
+{
+    return &prism_cpu_scalar;
+}
