@@ -8,6 +8,7 @@ PACKAGES=(
   libjansson-dev libcunit1-dev libprotobuf-c-dev protobuf-c-compiler
   libmicrohttpd-dev libsqlite3-dev python3
   libgrpc-dev protobuf-compiler python3-grpcio python3-protobuf prometheus libcurl4-openssl-dev zlib1g-dev wrk openssl
+  python3-numpy python3-torch
 )
 
 die() {

@@ -1,6 +1,6 @@
-/* The CUDA backend of libprism, seen from C: which devices there are. Built only when the
- * toolkit is found (target prism_cuda); a build without it has no such functions, and the CPU
- * kernels are the whole of libprism.
+/* The CUDA backend of libprism, seen from C: which devices there are, and the kernels of
+ * include/prism/kernels.h on the GPU. Built only when the toolkit is found (target prism_cuda); a
+ * build without it has no such functions, and the CPU kernels are the whole of libprism.
  *
  * Inside .cu files the header also gives PRISM_CUDA_CHECK, the one place where a failed CUDA
  * runtime call becomes a prism_status and a message. */
@@ -8,6 +8,7 @@
 #define PRISM_CUDA_H
 
 #include "prism/common.h"
+#include "prism/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +22,61 @@ prism_status prism_cuda_device_count(int *count, prism_error *err);
  * fit len bytes. A device index out of range: PRISM_ERR_INVALID; no driver or device:
  * PRISM_ERR_UNAVAILABLE. */
 prism_status prism_cuda_device_name(int device, char *buf, size_t len, prism_error *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernels (DESIGN 8). Each one is its *_cpu counterpart of kernels.h on the current device: the
+ * same arguments, checks and messages (PRISM_ERR_INVALID naming the field at fault, before any
+ * GPU work), and the same results:
+ *   quantize, dequantize, dequantize_accumulate  bit-identical codes, scales and outputs, for
+ *                                                both roundings (Philox is counted per element)
+ *   grad_stats_blocks, relative_error            sums in double in another (fixed) order: a
+ *                                                few units of double rounding from the CPU's
+ *                                                (tests/unit/test_kernels_cuda.c allows 1e-9 and
+ *                                                1e-12 relative); numel, nonfinite and max_abs
+ *                                                exact
+ * A NaN that dequantize produces (FP8 NaN codes, which quantize never writes, or an Inf times a
+ * zero scale) is a NaN on both backends, with the GPU's canonical bits rather than the CPU's.
+ * Pointers to elements, codes, scales and results are device (or managed) memory; descriptor
+ * arrays (the tensor list, block_start, the prism_tensor and spec structs) are host memory, read
+ * before the call returns. The work is queued on `stream` (NULL: the legacy default stream) and
+ * the call returns without waiting for it: results are there once the stream has run that far
+ * (cudaStreamSynchronize, an event). Scratch memory comes from cudaMallocAsync on the same stream.
+ * A failed launch or runtime call is reported through PRISM_CUDA_CHECK's message; an error the
+ * GPU meets while running shows at the caller's next synchronisation, as for any CUDA work.
+ * ------------------------------------------------------------------------------------------- */
+
+/* cudaStream_t without the CUDA headers: the runtime's own typedef of the same struct. */
+typedef struct CUstream_st *prism_cuda_stream;
+
+/* prism_grad_stats_blocks_cpu on the GPU: tensors[t].data are device pointers, the tensors and
+ * block_start arrays are host memory, out (blocks entries) is device memory. All tensors are read
+ * in one pass (one launch per 512 tensors that hold elements, then one per 1,024 blocks). */
+prism_status prism_grad_stats_blocks_cuda(const prism_tensor *tensors, const size_t *block_start,
+                                          size_t blocks, prism_grad_stats *out,
+                                          prism_cuda_stream stream, prism_error *err);
+
+/* prism_quantize_cpu on the GPU: x->data, codes, scales device memory; *nonfinite (device, may be
+ * NULL) is set to the NaN/Inf count (not added to). */
+prism_status prism_quantize_cuda(const prism_quant_spec *spec, const prism_tensor *x, uint8_t *codes,
+                                 float *scales, unsigned long long *nonfinite,
+                                 prism_cuda_stream stream, prism_error *err);
+
+/* prism_dequantize_cpu on the GPU: codes, scales and out device memory. */
+prism_status prism_dequantize_cuda(const prism_quant_spec *spec, const uint8_t *codes,
+                                   const float *scales, size_t numel, void *out,
+                                   prism_dtype out_dtype, prism_cuda_stream stream,
+                                   prism_error *err);
+
+/* prism_dequantize_accumulate_cpu on the GPU: acc[i] = acc[i] + decode(code i) * scale, two
+ * roundings (never a fused multiply-add); codes, scales and acc device memory. */
+prism_status prism_dequantize_accumulate_cuda(const prism_quant_spec *spec, const uint8_t *codes,
+                                              const float *scales, size_t numel, float *acc,
+                                              prism_cuda_stream stream, prism_error *err);
+
+/* prism_relative_error_cpu on the GPU: a->data and b->data device memory, *out (device) gets
+ * ||a - b|| / ||a||. */
+prism_status prism_relative_error_cuda(const prism_tensor *a, const prism_tensor *b, double *out,
+                                       prism_cuda_stream stream, prism_error *err);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,9 @@
 
 #include "prism/kernels.h"
 
+/* Internal symbols keep the prism_ prefix but stay out of libprism.so's exported ABI. */
+#define PRISM_HIDDEN __attribute__((visibility("hidden")))
+
 /* Figures of the finite elements of a range, merged by Chan's update. */
 typedef struct prism_moments {
     double n, mean, m2, sumsq, max_abs;
@@ -17,10 +20,10 @@ typedef struct prism_moments {
 } prism_moments;
 
 /* a <- a merged with b (Chan et al.); with a empty, a becomes b exactly. */
-void prism_moments_merge(prism_moments *a, const prism_moments *b);
+PRISM_HIDDEN void prism_moments_merge(prism_moments *a, const prism_moments *b);
 
 /* Element type size in bytes; 0 for an unknown dtype. */
-size_t prism_dtype_size(prism_dtype dtype);
+PRISM_HIDDEN size_t prism_dtype_size(prism_dtype dtype);
 
 typedef struct prism_cpu_path {
     const char *name;
@@ -50,31 +53,42 @@ typedef struct prism_cpu_path {
                         double sums[2], int *nonfinite);
 } prism_cpu_path;
 
-extern const prism_cpu_path prism_cpu_scalar;
+extern PRISM_HIDDEN const prism_cpu_path prism_cpu_scalar;
 
-/* The fastest path this CPU runs (AVX2 when the build has it and the CPU reports AVX2, FMA is not
- * needed), or the scalar one. */
-const prism_cpu_path *prism_cpu_best(void);
+/* The AVX2 + F16C path (avx2.c), built on x86 only; it may run only where the CPU reports both
+ * (__builtin_cpu_supports("avx2") and ("f16c")). */
+#if defined(__x86_64__) || defined(__i386__)
+#define PRISM_CPU_HAVE_AVX2 1
+extern PRISM_HIDDEN const prism_cpu_path prism_cpu_avx2;
+#else
+#define PRISM_CPU_HAVE_AVX2 0
+#endif
+
+/* The path the public *_cpu functions take, chosen once: AVX2 when the build has it and the CPU
+ * reports AVX2 and F16C (FMA is not needed), else the scalar one. The environment variable
+ * PRISM_CPU_PATH=scalar forces the reference; =avx2 asks for AVX2, which is taken only where it
+ * runs; any other value is ignored. */
+PRISM_HIDDEN const prism_cpu_path *prism_cpu_best(void);
 
 /* The drivers: the public *_cpu functions are these with prism_cpu_best() and threads = 0
  * (as many as the input is worth, up to the CPUs online). threads = 1 runs on the caller's
  * thread. Arguments are checked here, once, for every path. */
-prism_status prism_grad_stats_blocks_with(const prism_cpu_path *path, int threads,
+PRISM_HIDDEN prism_status prism_grad_stats_blocks_with(const prism_cpu_path *path, int threads,
                                           const prism_tensor *tensors, const size_t *block_start,
                                           size_t blocks, prism_grad_stats *out, prism_error *err);
-prism_status prism_quantize_with(const prism_cpu_path *path, int threads,
+PRISM_HIDDEN prism_status prism_quantize_with(const prism_cpu_path *path, int threads,
                                  const prism_quant_spec *spec, const prism_tensor *x,
                                  uint8_t *codes, float *scales, uint64_t *nonfinite,
                                  prism_error *err);
-prism_status prism_dequantize_with(const prism_cpu_path *path, int threads,
+PRISM_HIDDEN prism_status prism_dequantize_with(const prism_cpu_path *path, int threads,
                                    const prism_quant_spec *spec, const uint8_t *codes,
                                    const float *scales, size_t numel, void *out,
                                    prism_dtype out_dtype, prism_error *err);
-prism_status prism_dequantize_accumulate_with(const prism_cpu_path *path, int threads,
+PRISM_HIDDEN prism_status prism_dequantize_accumulate_with(const prism_cpu_path *path, int threads,
                                               const prism_quant_spec *spec, const uint8_t *codes,
                                               const float *scales, size_t numel, float *acc,
                                               prism_error *err);
-prism_status prism_relative_error_with(const prism_cpu_path *path, int threads,
+PRISM_HIDDEN prism_status prism_relative_error_with(const prism_cpu_path *path, int threads,
                                        const prism_tensor *a, const prism_tensor *b, double *out,
                                        prism_error *err);
 

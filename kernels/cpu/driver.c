@@ -524,7 +524,30 @@ prism_status prism_relative_error_cpu(const prism_tensor *a, const prism_tensor 
     return prism_relative_error_with(prism_cpu_best(), 0, a, b, out, err);
 }
 
+/* ---- path choice ------------------------------------------------------------------------ */
+
+static const prism_cpu_path *best_path;
+static pthread_once_t best_path_once = PTHREAD_ONCE_INIT;
+
+/* The fastest path the CPU runs, then PRISM_CPU_PATH: "scalar" picks the reference, "avx2" the
+ * AVX2 path where the CPU runs it; anything else (or avx2 on a CPU without it) keeps the
+ * detected one. */
+static void choose_best_path(void)
+{
+    const prism_cpu_path *detected = &prism_cpu_scalar;
+#if PRISM_CPU_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        detected = &prism_cpu_avx2;
+#endif
+    const char *want = getenv("PRISM_CPU_PATH");
+    best_path = detected;
+    if (want && strcmp(want, "scalar") == 0)
+        best_path = &prism_cpu_scalar;
+}
+
 const prism_cpu_path *prism_cpu_best(void)
 {
-    return &prism_cpu_scalar;
+    pthread_once(&best_path_once, choose_best_path);
+    return best_path;
 }

@@ -116,16 +116,18 @@ static void scalar_quantize_groups(const prism_quant_spec *spec, size_t group_le
                                    const prism_tensor *x, size_t g0, size_t g1, float *scales,
                                    uint8_t *codes, uint64_t *nonfinite)
 {
+    uint64_t total = 0; /* summed here: *nonfinite may share a cache line with another task's */
     for (size_t g = g0; g < g1; g++) {
         size_t begin = g * group_len;
         size_t end = begin + group_len < x->numel ? begin + group_len : x->numel;
         float amax;
         uint64_t bad;
         scalar_amax(x, begin, end, &amax, &bad);
-        *nonfinite += bad;
+        total += bad;
         scales[g] = prism_qc_scale(amax, (int)spec->format, spec->scale_mode == PRISM_SCALE_POW2);
         scalar_quantize_range(spec, x, begin, end, scales[g], codes);
     }
+    *nonfinite += total;
 }
 
 static void scalar_dequantize_range(prism_precision format, size_t group_len, const uint8_t *codes,
