@@ -920,14 +920,14 @@ class GrpcTest(unittest.TestCase):
             outbox.get(timeout=WAIT_S)
         replies = connect(requests(), timeout=WAIT_S)
         self.assertEqual(next(replies).WhichOneof("kind"), "welcome")
-        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 1)
+        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"] and d["jobs"][0]["agents_connected"] == 1)
         gone.close()  # no half-close, no goodbye: the connection just goes away
         outbox.put(None)
-        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 0)
+        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"] and d["jobs"][0]["agents_connected"] == 0)
         a = self.agent()
         a.hello("job-v", 0, 2)
         a.next()
-        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 1)
+        self.prismd.json_until("/v1/jobs", lambda d: d["jobs"] and d["jobs"][0]["agents_connected"] == 1)
 
     def test_calibration_for_unknown_blocks_or_with_a_huge_fingerprint_is_refused(self):
         a = self.one_job_decided()  # blocks 0 and 1
