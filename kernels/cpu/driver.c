@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 /* Elements one thread's task covers: large enough that handing it out costs nothing, small enough
@@ -46,6 +47,7 @@ void prism_moments_merge(prism_moments *a, const prism_moments *b)
 
 typedef void (*task_fn)(void *ctx, size_t task);
 
+/* One call's tasks, handed out by an atomic counter. */
 typedef struct pool_run {
     task_fn fn;
     void *ctx;
@@ -53,14 +55,97 @@ typedef struct pool_run {
     atomic_size_t next;
 } pool_run;
 
-static void *worker(void *arg)
+static void run_share(pool_run *run)
 {
-    pool_run *run = arg;
     for (;;) {
         size_t t = atomic_fetch_add(&run->next, 1);
         if (t >= run->tasks)
-            return NULL;
+            return;
         run->fn(run->ctx, t);
+    }
+}
+
+/* A process-wide pool of worker threads, started on first need and kept: starting threads for
+ * every call cost 20-50 us, as much as the whole work of a 1 MiB call. One call at a time uses
+ * the pool (busy holds it); a call that finds it busy, or runs in a child after fork() (where
+ * the workers do not exist until it starts its own), does its work on its own thread, which
+ * gives the same results. */
+typedef struct pool {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pid_t pid;          /* the process that started the workers */
+    int workers;        /* started so far */
+    int wanted;         /* workers that take part in the current run */
+    int active;         /* of those, still working on it */
+    unsigned long generation;
+    bool busy;
+    pool_run *run;
+    unsigned long born[64]; /* generation when worker i started: it joins every later run */
+} pool;
+
+static pool the_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                        0, 0, 0, 0, 0, false, NULL, {0}};
+
+static void *pool_worker(void *arg)
+{
+    int index = (int)(intptr_t)arg;
+    pthread_mutex_lock(&the_pool.lock);
+    unsigned long seen = the_pool.born[index];
+    for (;;) {
+        while (the_pool.generation == seen)
+            pthread_cond_wait(&the_pool.wake, &the_pool.lock);
+        seen = the_pool.generation;
+        if (index >= the_pool.wanted)
+            continue;
+        pool_run *run = the_pool.run;
+        pthread_mutex_unlock(&the_pool.lock);
+        run_share(run);
+        pthread_mutex_lock(&the_pool.lock);
+        if (--the_pool.active == 0)
+            pthread_cond_signal(&the_pool.done);
+    }
+    return NULL;
+}
+
+/* In a child after fork(): the parent's workers, and any thread that held the lock or waited on
+ * the conditions, are not here, so the pool starts over (glibc's condition variables wait for
+ * such waiters otherwise). */
+static void pool_after_fork_in_child(void)
+{
+    pthread_mutex_init(&the_pool.lock, NULL);
+    pthread_cond_init(&the_pool.wake, NULL);
+    pthread_cond_init(&the_pool.done, NULL);
+    the_pool.workers = 0;
+    the_pool.busy = false;
+    the_pool.run = NULL;
+    the_pool.pid = getpid();
+}
+
+static pthread_once_t pool_atfork_once = PTHREAD_ONCE_INIT;
+
+static void pool_register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, pool_after_fork_in_child);
+}
+
+/* Under the lock: makes sure n workers exist (fewer when a thread cannot be started). */
+static void pool_grow(int n)
+{
+    if (the_pool.pid != getpid()) { /* first use, or a child after fork(): none of ours run */
+        the_pool.pid = getpid();
+        the_pool.workers = 0;
+    }
+    while (the_pool.workers < n) {
+        pthread_t id;
+        pthread_attr_t attr;
+        the_pool.born[the_pool.workers] = the_pool.generation;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&id, &attr, pool_worker, (void *)(intptr_t)the_pool.workers);
+        pthread_attr_destroy(&attr);
+        if (rc != 0)
+            break;
+        the_pool.workers++;
     }
 }
 
@@ -79,25 +164,43 @@ static int threads_for(int threads, size_t elements)
     return (int)(worth < n ? worth : n);
 }
 
-/* Runs fn(ctx, t) for every t < tasks, on the caller and up to threads - 1 more threads. Tasks
- * write only their own results, so the order they run in changes nothing. When a thread cannot
- * be started the caller does its share. */
+/* Runs fn(ctx, t) for every t < tasks, on the caller and up to threads - 1 pool workers. Tasks
+ * write only their own results, so who runs which, and in what order, changes nothing. */
 static void run_tasks(int threads, size_t tasks, task_fn fn, void *ctx)
 {
     pool_run run = {.fn = fn, .ctx = ctx, .tasks = tasks};
     atomic_init(&run.next, 0);
-    pthread_t ids[64];
-    int started = 0;
     if ((size_t)threads > tasks)
         threads = (int)tasks;
-    for (int i = 1; i < threads && i < 64; i++) {
-        if (pthread_create(&ids[started], NULL, worker, &run) != 0)
-            break;
-        started++;
+    if (threads > 64)
+        threads = 64;
+    int helpers = 0;
+    if (threads > 1) {
+        pthread_once(&pool_atfork_once, pool_register_atfork);
+        pthread_mutex_lock(&the_pool.lock);
+        if (!the_pool.busy) {
+            pool_grow(threads - 1);
+            helpers = the_pool.workers < threads - 1 ? the_pool.workers : threads - 1;
+            if (helpers > 0) {
+                the_pool.busy = true;
+                the_pool.run = &run;
+                the_pool.wanted = helpers;
+                the_pool.active = helpers;
+                the_pool.generation++;
+                pthread_cond_broadcast(&the_pool.wake);
+            }
+        }
+        pthread_mutex_unlock(&the_pool.lock);
     }
-    worker(&run);
-    for (int i = 0; i < started; i++)
-        pthread_join(ids[i], NULL);
+    run_share(&run);
+    if (helpers > 0) {
+        pthread_mutex_lock(&the_pool.lock);
+        while (the_pool.active > 0)
+            pthread_cond_wait(&the_pool.done, &the_pool.lock);
+        the_pool.busy = false;
+        the_pool.run = NULL;
+        pthread_mutex_unlock(&the_pool.lock);
+    }
 }
 
 /* ---- checks ----------------------------------------------------------------------------- */

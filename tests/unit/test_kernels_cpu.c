@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* The CPU kernels against their definitions (kernels.h): exact conversions (every f16 and FP8
  * code checked), FP8 rounding and saturation at known values, Philox against its published
  * answers, scales and codes of every format worked out by hand, the edge cases of DESIGN 8, the
@@ -8,6 +9,9 @@
 #include "prism/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -761,6 +765,80 @@ static void test_grad_stats_blocks_match_single_blocks_across_chunks(void)
     free(x);
 }
 
+
+/* ---- the worker pool -------------------------------------------------------------------- */
+
+enum { POOL_N = 3 * 512 * 1024 + 17 }; /* large enough for the threaded driver */
+
+typedef struct pool_case {
+    const float *x;
+    const uint8_t *want;
+    int mismatches;
+} pool_case;
+
+static void quantize_big(const float *x, uint8_t *codes, float *scales)
+{
+    prism_quant_spec spec = {.format = PRISM_PRECISION_FP8_E4M3, .granularity = PRISM_GRANULARITY_BLOCK,
+                             .rounding = PRISM_ROUNDING_STOCHASTIC, .seed = 3};
+    prism_tensor t = {x, POOL_N, PRISM_DTYPE_F32};
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_quantize_cpu(&spec, &t, codes, scales, NULL, &err), PRISM_OK);
+}
+
+static void *quantize_again(void *arg)
+{
+    pool_case *c = arg;
+    uint8_t *codes = malloc(POOL_N);
+    float *scales = malloc(POOL_N / 128 * sizeof *scales + 64);
+    for (int r = 0; r < 5; r++) {
+        quantize_big(c->x, codes, scales);
+        c->mismatches += memcmp(codes, c->want, POOL_N) != 0;
+    }
+    free(codes);
+    free(scales);
+    return NULL;
+}
+
+/* Calls from two threads at once (one finds the pool busy and works alone) and a call in a child
+ * after fork() (where the pool's workers do not exist) give the same codes as a lone call. */
+static void test_concurrent_and_forked_calls_give_the_same_codes(void)
+{
+    float *x = malloc(POOL_N * sizeof *x);
+    uint8_t *want = malloc(POOL_N);
+    float *scales = malloc(POOL_N / 128 * sizeof *scales + 64);
+    uint32_t state = 99;
+    for (int i = 0; i < POOL_N; i++) {
+        state = state * 1664525u + 1013904223u;
+        x[i] = ((float)(state >> 8) / 16777216.0f - 0.5f) * 3.0f;
+    }
+    quantize_big(x, want, scales);
+    pool_case a = {x, want, 0}, b = {x, want, 0};
+    pthread_t ta, tb;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&ta, NULL, quantize_again, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&tb, NULL, quantize_again, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CU_ASSERT_EQUAL(a.mismatches, 0);
+    CU_ASSERT_EQUAL(b.mismatches, 0);
+    fflush(NULL);
+    pid_t child = fork();
+    CU_ASSERT_FATAL(child >= 0);
+    if (child == 0) {
+        pool_case c = {x, want, 0};
+        alarm(60); /* a hung pool would hang the child: die instead */
+        quantize_again(&c);
+        _exit(c.mismatches == 0 ? 0 : 1);
+    }
+    int status = 0;
+    CU_ASSERT_EQUAL(waitpid(child, &status, 0), child);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        fprintf(stderr, "child: status 0x%x\n", status);
+    CU_ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    free(x);
+    free(want);
+    free(scales);
+}
+
 static const prism_test_case cases[] = {
     {"test_bf16_to_f32_known_values", test_bf16_to_f32_known_values},
     {"test_f16_to_f32_every_code", test_f16_to_f32_every_code},
@@ -794,6 +872,7 @@ static const prism_test_case cases[] = {
     {"test_stochastic_rounding_keeps_representable_values", test_stochastic_rounding_keeps_representable_values},
     {"test_quantize_refuses_bad_specs_naming_the_field", test_quantize_refuses_bad_specs_naming_the_field},
     {"test_grad_stats_blocks_match_single_blocks_across_chunks", test_grad_stats_blocks_match_single_blocks_across_chunks},
+    {"test_concurrent_and_forked_calls_give_the_same_codes", test_concurrent_and_forked_calls_give_the_same_codes},
     {NULL, NULL},
 };
 
