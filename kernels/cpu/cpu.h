@@ -8,10 +8,8 @@
 #ifndef PRISM_KERNELS_CPU_H
 #define PRISM_KERNELS_CPU_H
 
+#include "checks.h" /* PRISM_HIDDEN: internal symbols stay out of libprism.so's exported ABI */
 #include "prism/kernels.h"
-
-/* Internal symbols keep the prism_ prefix but stay out of libprism.so's exported ABI. */
-#define PRISM_HIDDEN __attribute__((visibility("hidden")))
 
 /* Figures of the finite elements of a range, merged by Chan's update. */
 typedef struct prism_moments {

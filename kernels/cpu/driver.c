@@ -205,20 +205,6 @@ static void run_tasks(int threads, size_t tasks, task_fn fn, void *ctx)
 
 /* ---- checks ----------------------------------------------------------------------------- */
 
-static prism_status check_tensor(const prism_tensor *x, const char *what, size_t index,
-                                 prism_error *err)
-{
-    if (!x)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: tensor is NULL", what, index);
-    if (prism_dtype_size(x->dtype) == 0)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: unknown dtype %d", what, index,
-                               (int)x->dtype);
-    if (x->numel && !x->data)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: %zu elements but no data", what,
-                               index, x->numel);
-    return PRISM_OK;
-}
-
 static prism_status check_path(const prism_cpu_path **path, prism_error *err)
 {
     if (!*path)
@@ -259,28 +245,12 @@ prism_status prism_grad_stats_blocks_with(const prism_cpu_path *path, int thread
                                           size_t blocks, prism_grad_stats *out, prism_error *err)
 {
     check_path(&path, err);
-    if (blocks && (!block_start || !out))
-        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: block_start or out is NULL");
-    if (blocks == 0)
-        return PRISM_OK;
-    if (block_start[0] != 0)
-        return prism_error_set(err, PRISM_ERR_INVALID, "block_start[0] is %zu, not 0", block_start[0]);
-    for (size_t b = 0; b < blocks; b++)
-        if (block_start[b + 1] < block_start[b])
-            return prism_error_set(err, PRISM_ERR_INVALID,
-                                   "block_start[%zu] = %zu is below block_start[%zu] = %zu", b + 1,
-                                   block_start[b + 1], b, block_start[b]);
-    size_t count = block_start[blocks];
-    if (count && !tensors)
-        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: %zu tensors but tensors is NULL", count);
-    if (count > UINT32_MAX)
-        return prism_error_set(err, PRISM_ERR_LIMIT, "grad_stats: %zu tensors in one call (limit %u)",
-                               count, UINT32_MAX);
+    size_t count;
+    prism_status st = prism_check_blocks(tensors, block_start, blocks, out, &count, err);
+    if (st != PRISM_OK || blocks == 0)
+        return st;
     size_t chunks = 0, elements = 0;
     for (size_t t = 0; t < count; t++) {
-        prism_status st = check_tensor(&tensors[t], "tensor", t, err);
-        if (st != PRISM_OK)
-            return st;
         chunks += tensors[t].numel / PRISM_STATS_CHUNK + (tensors[t].numel % PRISM_STATS_CHUNK != 0);
         elements += tensors[t].numel;
     }
@@ -394,7 +364,7 @@ prism_status prism_quantize_with(const prism_cpu_path *path, int threads,
                                  prism_error *err)
 {
     check_path(&path, err);
-    prism_status st = check_tensor(x, "input", 0, err);
+    prism_status st = prism_check_tensor(x, "input", 0, err);
     if (st != PRISM_OK)
         return st;
     size_t groups, group_len, code_bytes;
@@ -582,16 +552,9 @@ prism_status prism_relative_error_with(const prism_cpu_path *path, int threads,
                                        prism_error *err)
 {
     check_path(&path, err);
-    prism_status st = check_tensor(a, "tensor a", 0, err);
-    if (st == PRISM_OK)
-        st = check_tensor(b, "tensor b", 0, err);
+    prism_status st = prism_check_pair(a, b, out, err);
     if (st != PRISM_OK)
         return st;
-    if (!out)
-        return prism_error_set(err, PRISM_ERR_INVALID, "relative_error: out is NULL");
-    if (a->numel != b->numel)
-        return prism_error_set(err, PRISM_ERR_INVALID,
-                               "relative_error: a has %zu elements and b has %zu", a->numel, b->numel);
     size_t chunks = a->numel / PRISM_STATS_CHUNK + (a->numel % PRISM_STATS_CHUNK != 0);
     error_job job = {.path = path, .a = a, .b = b, .chunks = chunks};
     job.sums = malloc((chunks ? chunks : 1) * 2 * sizeof *job.sums);

@@ -1,4 +1,5 @@
 /* The public scalar conversions and the quantization layout (kernels.h), all on quant_core.h. */
+#include "checks.h"
 #include "cpu.h"
 #include "quant_core.h"
 
@@ -110,5 +111,65 @@ prism_status prism_quant_layout(const prism_quant_spec *spec, size_t numel, size
         *group_len = len;
     if (code_bytes)
         *code_bytes = spec->format == PRISM_PRECISION_INT4 ? numel / 2 + numel % 2 : numel;
+    return PRISM_OK;
+}
+
+prism_status prism_check_tensor(const prism_tensor *x, const char *what, size_t index,
+                                prism_error *err)
+{
+    if (!x)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: tensor is NULL", what, index);
+    if (prism_dtype_size(x->dtype) == 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: unknown dtype %d", what, index,
+                               (int)x->dtype);
+    if (x->numel && !x->data)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: %zu elements but no data", what,
+                               index, x->numel);
+    return PRISM_OK;
+}
+
+prism_status prism_check_blocks(const prism_tensor *tensors, const size_t *block_start,
+                                size_t blocks, const void *out, size_t *count, prism_error *err)
+{
+    *count = 0;
+    if (blocks && (!block_start || !out))
+        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: block_start or out is NULL");
+    if (blocks == 0)
+        return PRISM_OK;
+    if (block_start[0] != 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "block_start[0] is %zu, not 0", block_start[0]);
+    for (size_t b = 0; b < blocks; b++)
+        if (block_start[b + 1] < block_start[b])
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "block_start[%zu] = %zu is below block_start[%zu] = %zu", b + 1,
+                                   block_start[b + 1], b, block_start[b]);
+    size_t n = block_start[blocks];
+    if (n && !tensors)
+        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: %zu tensors but tensors is NULL", n);
+    if (n > UINT32_MAX)
+        return prism_error_set(err, PRISM_ERR_LIMIT, "grad_stats: %zu tensors in one call (limit %u)",
+                               n, UINT32_MAX);
+    for (size_t t = 0; t < n; t++) {
+        prism_status st = prism_check_tensor(&tensors[t], "tensor", t, err);
+        if (st != PRISM_OK)
+            return st;
+    }
+    *count = n;
+    return PRISM_OK;
+}
+
+prism_status prism_check_pair(const prism_tensor *a, const prism_tensor *b, const void *out,
+                              prism_error *err)
+{
+    prism_status st = prism_check_tensor(a, "tensor a", 0, err);
+    if (st == PRISM_OK)
+        st = prism_check_tensor(b, "tensor b", 0, err);
+    if (st != PRISM_OK)
+        return st;
+    if (!out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "relative_error: out is NULL");
+    if (a->numel != b->numel)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "relative_error: a has %zu elements and b has %zu", a->numel, b->numel);
     return PRISM_OK;
 }

@@ -13,6 +13,7 @@
 
 #include "prism/cuda.h"
 #include "prism/kernels.h"
+#include "checks.h"
 #include "quant_core.h"
 
 #include <cuda_fp8.h>
@@ -347,22 +348,6 @@ static inline size_t dtype_bytes(int dtype)
     case PRISM_DTYPE_F16: return 2;
     default: return 0;
     }
-}
-
-/* The tensor checks of the CPU drivers, with their messages. */
-static inline prism_status check_tensor(const prism_tensor *x, const char *what, size_t index,
-                                        prism_error *err)
-{
-    if (!x)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: tensor is NULL", what, index);
-    int dtype;
-    memcpy(&dtype, &x->dtype, sizeof dtype); /* as an int: see dtype_bytes */
-    if (dtype_bytes(dtype) == 0)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: unknown dtype %d", what, index, dtype);
-    if (x->numel && !x->data)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s %zu: %zu elements but no data", what,
-                               index, x->numel);
-    return PRISM_OK;
 }
 
 static inline bool aligned_to(const void *p, uintptr_t bytes)

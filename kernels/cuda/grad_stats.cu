@@ -279,30 +279,13 @@ extern "C" prism_status prism_grad_stats_blocks_cuda(const prism_tensor *tensors
                                                      size_t blocks, prism_grad_stats *out,
                                                      prism_cuda_stream stream, prism_error *err)
 {
-    if (blocks && (!block_start || !out))
-        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: block_start or out is NULL");
-    if (blocks == 0)
-        return PRISM_OK;
-    if (block_start[0] != 0)
-        return prism_error_set(err, PRISM_ERR_INVALID, "block_start[0] is %zu, not 0", block_start[0]);
-    for (size_t b = 0; b < blocks; b++)
-        if (block_start[b + 1] < block_start[b])
-            return prism_error_set(err, PRISM_ERR_INVALID,
-                                   "block_start[%zu] = %zu is below block_start[%zu] = %zu", b + 1,
-                                   block_start[b + 1], b, block_start[b]);
-    size_t count = block_start[blocks];
-    if (count && !tensors)
-        return prism_error_set(err, PRISM_ERR_INVALID, "grad_stats: %zu tensors but tensors is NULL", count);
-    if (count > UINT32_MAX)
-        return prism_error_set(err, PRISM_ERR_LIMIT, "grad_stats: %zu tensors in one call (limit %u)",
-                               count, UINT32_MAX);
+    size_t count;
+    prism_status checked = prism_check_blocks(tensors, block_start, blocks, out, &count, err);
+    if (checked != PRISM_OK || blocks == 0)
+        return checked;
     uint64_t chunks = 0;
-    for (size_t t = 0; t < count; t++) {
-        prism_status st = check_tensor(&tensors[t], "tensor", t, err);
-        if (st != PRISM_OK)
-            return st;
+    for (size_t t = 0; t < count; t++)
         chunks += chunks_of(tensors[t].numel);
-    }
 
     cudaStream_t s = as_stream(stream);
     Moments *records = NULL;

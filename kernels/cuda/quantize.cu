@@ -387,7 +387,7 @@ extern "C" prism_status prism_quantize_cuda(const prism_quant_spec *spec, const 
                                             unsigned long long *nonfinite, prism_cuda_stream stream,
                                             prism_error *err)
 {
-    prism_status st = check_tensor(x, "input", 0, err);
+    prism_status st = prism_check_tensor(x, "input", 0, err);
     if (st != PRISM_OK)
         return st;
     size_t groups, group_len;

@@ -139,16 +139,9 @@ using namespace prism_cu;
 extern "C" prism_status prism_relative_error_cuda(const prism_tensor *a, const prism_tensor *b, double *out,
                                                   prism_cuda_stream stream, prism_error *err)
 {
-    prism_status st = check_tensor(a, "tensor a", 0, err);
-    if (st == PRISM_OK)
-        st = check_tensor(b, "tensor b", 0, err);
+    prism_status st = prism_check_pair(a, b, out, err);
     if (st != PRISM_OK)
         return st;
-    if (!out)
-        return prism_error_set(err, PRISM_ERR_INVALID, "relative_error: out is NULL");
-    if (a->numel != b->numel)
-        return prism_error_set(err, PRISM_ERR_INVALID, "relative_error: a has %zu elements and b has %zu",
-                               a->numel, b->numel);
     cudaStream_t s = as_stream(stream);
     switch (a->dtype) {
     case PRISM_DTYPE_F32: return error_dtype_b<PRISM_DTYPE_F32>(a, b, out, s, err);
