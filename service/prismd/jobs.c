@@ -108,7 +108,7 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
         prism_merger_skip_to(job->merger, progress.last_step);
     char version[24];
     snprintf(version, sizeof version, "%llu", (unsigned long long)progress.map_version);
-    prismd_log(PRISMD_LOG_INFO, "job restored", "job", job->id, "map_version", version, LOG_END);
+    prism_log(PRISM_LOG_INFO, "job restored", "job", job->id, "map_version", version, LOG_END);
     return true;
 }
 
@@ -258,7 +258,7 @@ static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_siz
     prism_error err;
     if (j->store && prismd_store_save_job(j->store, id, token && token[0] ? token : NULL, world_size, &j->defaults,
                                           &err)) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot save a new job", "job", id, "error", err.message, LOG_END);
+        prism_log(PRISM_LOG_ERROR, "cannot save a new job", "job", id, "error", err.message, LOG_END);
         fail(end, GRPC_STATUS_UNAVAILABLE, "job %s: the store cannot save it", id);
         return NULL;
     }
@@ -269,7 +269,7 @@ static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_siz
     }
     prismd_job *job = job_new(j, id, world_size, token, policy, end);
     if (job)
-        prismd_log(PRISMD_LOG_INFO, "job created", "job", id, "token", job->token ? "set" : "none", LOG_END);
+        prism_log(PRISM_LOG_INFO, "job created", "job", id, "token", job->token ? "set" : "none", LOG_END);
     return job;
 }
 
@@ -372,7 +372,7 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
     map_storage st;
     if (!map_build(job, &u, &st)) {
         map_free(&st);
-        prismd_log(PRISMD_LOG_ERROR, "out of memory building a map", "job", job->id, LOG_END);
+        prism_log(PRISM_LOG_ERROR, "out of memory building a map", "job", job->id, LOG_END);
         return;
     }
     Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
@@ -625,7 +625,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     peer->rank = h->rank;
     char rank[16];
     snprintf(rank, sizeof rank, "%u", h->rank);
-    prismd_log(PRISMD_LOG_INFO, "agent connected", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
+    prism_log(PRISM_LOG_INFO, "agent connected", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
                LOG_END);
     send_welcome(j, job, s, &cached);
     cal_free(&cached);
@@ -658,7 +658,7 @@ static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary
         prismd_job_file(j->limits.data_dir, job->id, cfg->telemetry_file, path, sizeof path);
         job->telemetry = fopen(path, "a");
         if (!job->telemetry) {
-            prismd_log(PRISMD_LOG_ERROR, "cannot open the telemetry file", "job", job->id, "path", path, "error",
+            prism_log(PRISM_LOG_ERROR, "cannot open the telemetry file", "job", job->id, "path", path, "error",
                        strerror(errno), LOG_END);
             return;
         }
@@ -668,7 +668,7 @@ static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary
     j->line.len = 0;
     if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9) ||
         fwrite(j->line.data, 1, j->line.len, job->telemetry) != j->line.len || fflush(job->telemetry) != 0)
-        prismd_log(PRISMD_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
+        prism_log(PRISM_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
 }
 
 static void log_changes(const prismd_job *job, const prism_step_result *r)
@@ -680,7 +680,7 @@ static void log_changes(const prismd_job *job, const prism_step_result *r)
         char block[16], step[24];
         snprintf(block, sizeof block, "%u", c->block_id);
         snprintf(step, sizeof step, "%llu", (unsigned long long)c->step);
-        prismd_log(PRISMD_LOG_INFO, "precision changed", "job", job->id, "block", block, "from",
+        prism_log(PRISM_LOG_INFO, "precision changed", "job", job->id, "block", block, "from",
                    prism_precision_name(c->from), "to", prism_precision_name(c->to), "reason",
                    prism_reason_name(c->reason), "step", step, LOG_END);
     }
@@ -713,7 +713,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             if ((unsigned)r.changes[c].reason < PRISMD_REASONS)
                 job->switches[r.changes[c].reason]++;
         if (added) {
-            prismd_log(PRISMD_LOG_ERROR, "step refused by the policy", "job", job->id, "error", err.message,
+            prism_log(PRISM_LOG_ERROR, "step refused by the policy", "job", job->id, "error", err.message,
                        LOG_END);
             continue;
         }
@@ -730,7 +730,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
                                                 r.changes, r.change_count, &err)) {
             j->counters.store_errors++;
-            prismd_log(PRISMD_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
+            prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
                        err.message, LOG_END);
             continue;
         }
@@ -829,7 +829,7 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     if (!ids || !errors ||
         prismd_store_save_calibration(j->store, fp, fp_len, (prism_precision)c->format, ids, errors, c->n_errors,
                                       &err))
-        prismd_log(PRISMD_LOG_ERROR, "cannot cache calibration errors", "job", job->id, LOG_END);
+        prism_log(PRISM_LOG_ERROR, "cannot cache calibration errors", "job", job->id, LOG_END);
     free(ids);
     free(errors);
 }
@@ -882,7 +882,7 @@ void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer
             j->urgent = true;
             char rank[16];
             snprintf(rank, sizeof rank, "%u", peer->rank);
-            prismd_log(PRISMD_LOG_INFO, "agent disconnected", "job", job->id, "rank", rank, LOG_END);
+            prism_log(PRISM_LOG_INFO, "agent disconnected", "job", job->id, "rank", rank, LOG_END);
             break;
         }
     }
@@ -1169,7 +1169,7 @@ static unsigned run_command(prismd_jobs *j, const prismd_command *c, char **answ
         *answer = error_answer("invalid_argument", "%s", err.message);
         return 400;
     }
-    prismd_log(PRISMD_LOG_INFO, c->kind == PRISMD_COMMAND_PATCH_CONFIG ? "config changed" : "overrides changed", "job",
+    prism_log(PRISM_LOG_INFO, c->kind == PRISMD_COMMAND_PATCH_CONFIG ? "config changed" : "overrides changed", "job",
                job->id, "applies", "at the next decision", LOG_END);
     *answer = render(json_pack("{s:s, s:s, s:o}", "job_id", job->id, "applies", "at the next decision", "config",
                                prism_config_to_json(&cfg)));

@@ -5,7 +5,7 @@
  * share one, serves prism.v1.PolicyService over gRPC (rpc.c: Connect, GetBlockMap, Watch, driven
  * by the policy thread that owns every job, jobs.c), and serves over HTTP (libmicrohttpd)
  * liveness (/healthz), readiness (/readyz) and the default configuration (/v1/config/defaults).
- * Logs are logfmt lines on stderr (log.c). SIGTERM or SIGINT ends every stream with UNAVAILABLE
+ * Logs are logfmt lines on stderr (common/log.c). SIGTERM or SIGINT ends every stream with UNAVAILABLE
  * and stops cleanly with exit status 0.
  *
  * Threads: the main thread parses, starts and then waits in sigwait(); the policy thread drives
@@ -17,7 +17,9 @@
 #define _GNU_SOURCE
 
 #include "config.h"
+#include "help.h"
 #include "log.h"
+#include "net.h"
 #include "prism/common.h"
 #include "events.h"
 #include "rest.h"
@@ -73,7 +75,7 @@ typedef struct prismd_options {
     char *tls_key;
     const char *data_dir;
     const char *config_path; /* NULL: the built-in policy defaults */
-    prismd_log_level log_level;
+    prism_log_level log_level;
     bool help;
     bool version;
 } prismd_options;
@@ -90,92 +92,16 @@ typedef struct prismd_option {
     const char *help;
 } prismd_option;
 
-static bool parse_port(const char *s, uint16_t *port)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 5)
-        return false;
-    unsigned long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return false;
-        v = v * 10 + (unsigned long)(s[i] - '0');
-    }
-    if (v < 1 || v > 65535)
-        return false;
-    *port = (uint16_t)v;
-    return true;
-}
-
-/* Accepts exactly "a.b.c.d:port" or "[ipv6]:port" with a numeric address (no host names: the
- * service binds where it is told, it does not resolve). */
-/* Parses ADDR:PORT (IPv4, or IPv6 in brackets) into a socket address and its canonical text. */
-static prism_status parse_listen(const char *value, struct sockaddr_storage *addr, socklen_t *addr_len, char *text,
-                                 size_t text_len, prism_error *err)
-{
-    char host[INET6_ADDRSTRLEN + 1];
-    const char *port_text = NULL;
-    int family;
-    if (value[0] == '[') {
-        const char *close = strchr(value, ']');
-        if (!close || close[1] != ':' || (size_t)(close - value - 1) >= sizeof host)
-            goto bad;
-        memcpy(host, value + 1, (size_t)(close - value - 1));
-        host[close - value - 1] = '\0';
-        port_text = close + 2;
-        family = AF_INET6;
-    } else {
-        const char *colon = strrchr(value, ':');
-        if (!colon || (size_t)(colon - value) >= sizeof host)
-            goto bad;
-        memcpy(host, value, (size_t)(colon - value));
-        host[colon - value] = '\0';
-        port_text = colon + 1;
-        family = AF_INET;
-    }
-    uint16_t port;
-    if (!parse_port(port_text, &port))
-        goto bad;
-
-    memset(addr, 0, sizeof *addr);
-    char canonical[INET6_ADDRSTRLEN];
-    if (family == AF_INET) {
-        struct sockaddr_in *sin = (struct sockaddr_in *)addr;
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons(port);
-        if (inet_pton(AF_INET, host, &sin->sin_addr) != 1)
-            goto bad;
-        inet_ntop(AF_INET, &sin->sin_addr, canonical, sizeof canonical);
-        *addr_len = sizeof *sin;
-        snprintf(text, text_len, "%s:%u", canonical, (unsigned)port);
-    } else {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)addr;
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons(port);
-        if (inet_pton(AF_INET6, host, &sin6->sin6_addr) != 1)
-            goto bad;
-        inet_ntop(AF_INET6, &sin6->sin6_addr, canonical, sizeof canonical);
-        *addr_len = sizeof *sin6;
-        snprintf(text, text_len, "[%s]:%u", canonical, (unsigned)port);
-    }
-    return PRISM_OK;
-bad:
-    return prism_error_set(err, PRISM_ERR_INVALID,
-                           "\"%.200s\" is not ADDR:PORT (ADDR an IPv4 address a.b.c.d or an IPv6 "
-                           "address in brackets such as [::1]; PORT 1-65535)",
-                           value);
-}
-
 static prism_status set_http_listen(prismd_options *opts, const char *value, prism_error *err)
 {
-    return parse_listen(value, &opts->http_addr, &opts->http_addr_len, opts->http_text, sizeof opts->http_text, err);
+    return prism_parse_listen(value, &opts->http_addr, &opts->http_addr_len, opts->http_text, sizeof opts->http_text, err);
 }
 
 static prism_status set_grpc_listen(prismd_options *opts, const char *value, prism_error *err)
 {
     struct sockaddr_storage addr;
     socklen_t len;
-    return parse_listen(value, &addr, &len, opts->grpc_text, sizeof opts->grpc_text, err);
+    return prism_parse_listen(value, &addr, &len, opts->grpc_text, sizeof opts->grpc_text, err);
 }
 
 static prism_status set_size(size_t *out, const char *value, unsigned long long min, unsigned long long max,
@@ -332,9 +258,9 @@ static prism_status set_config(prismd_options *opts, const char *value, prism_er
 
 static prism_status set_log_level(prismd_options *opts, const char *value, prism_error *err)
 {
-    for (size_t i = 0; i < PRISMD_LOG_LEVELS; i++) {
-        if (strcmp(value, prismd_log_level_names[i]) == 0) {
-            opts->log_level = (prismd_log_level)i;
+    for (size_t i = 0; i < PRISM_LOG_LEVELS; i++) {
+        if (strcmp(value, prism_log_level_names[i]) == 0) {
+            opts->log_level = (prism_log_level)i;
             return PRISM_OK;
         }
     }
@@ -864,15 +790,15 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
                     "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
     }
 
-    if (prismd_log_threshold <= PRISMD_LOG_DEBUG) {
+    if (prism_log_threshold <= PRISM_LOG_DEBUG) {
         char status[16], client[INET6_ADDRSTRLEN + 16];
         snprintf(status, sizeof status, "%u", reply.status);
         format_client(conn, client, sizeof client);
-        prismd_log(PRISMD_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
+        prism_log(PRISM_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
                   "client", client, LOG_END);
     }
     if (!reply.body) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
+        prism_log(PRISM_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
         return MHD_NO;
     }
     struct MHD_Response *resp;
@@ -922,7 +848,7 @@ static void http_log(void *cls, const char *fmt, va_list ap)
     if (!srv->http_error[0])
         snprintf(srv->http_error, sizeof srv->http_error, "%s", text);
     pthread_mutex_unlock(&srv->http_error_lock);
-    prismd_log(PRISMD_LOG_WARN, "microhttpd", "error", text, LOG_END);
+    prism_log(PRISM_LOG_WARN, "microhttpd", "error", text, LOG_END);
 }
 
 /* Binds exactly the address given; dual stack only for an IPv6 address. */
@@ -1021,50 +947,6 @@ static prism_status data_dir_lock(prismd_server *srv, prism_error *err)
 /* ---------------------------------------------------------------------------------------------
  * --help and main. */
 
-#define PRISMD_HELP_WIDTH 100
-#define PRISMD_HELP_COLUMN 31
-
-/* Prints "  label  text tail" with text word-wrapped to PRISMD_HELP_WIDTH, continuation lines
- * indented to PRISMD_HELP_COLUMN; tail (may be NULL) is kept whole on one line. */
-static void print_help_entry(FILE *out, const char *label, const char *text, const char *tail)
-{
-    int used = fprintf(out, "  %-*s ", PRISMD_HELP_COLUMN - 3, label);
-    if (used > PRISMD_HELP_COLUMN) {
-        fprintf(out, "\n%*s", PRISMD_HELP_COLUMN, "");
-        used = PRISMD_HELP_COLUMN;
-    }
-    int col = used;
-    bool line_start = true;
-    while (*text) {
-        while (*text == ' ')
-            text++;
-        int word = (int)strcspn(text, " ");
-        if (word == 0)
-            break;
-        if (!line_start && col + 1 + word > PRISMD_HELP_WIDTH) {
-            fprintf(out, "\n%*s", PRISMD_HELP_COLUMN, "");
-            col = PRISMD_HELP_COLUMN;
-            line_start = true;
-        }
-        if (!line_start) {
-            fputc(' ', out);
-            col++;
-        }
-        fprintf(out, "%.*s", word, text);
-        col += word;
-        text += word;
-        line_start = false;
-    }
-    if (tail) {
-        int len = (int)strlen(tail);
-        if (!line_start && col + 1 + len > PRISMD_HELP_WIDTH)
-            fprintf(out, "\n%*s%s", PRISMD_HELP_COLUMN, "", tail);
-        else
-            fprintf(out, "%s%s", line_start ? "" : " ", tail);
-    }
-    fputc('\n', out);
-}
-
 static void print_usage(FILE *out)
 {
     fprintf(out,
@@ -1088,13 +970,13 @@ static void print_usage(FILE *out)
                      o->arg ? o->arg : "");
         char tail[128];
         snprintf(tail, sizeof tail, "(default: %s)", o->default_value ? o->default_value : "");
-        print_help_entry(out, label, o->help, o->default_value ? tail : NULL);
+        prism_help_entry(out, label, o->help, o->default_value ? tail : NULL);
     }
     fprintf(out, "\nHTTP endpoints (JSON; errors as {\"error\":{\"code\",\"message\"}}):\n");
     for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
         char label[64];
         snprintf(label, sizeof label, "GET %s", prismd_routes[i].path);
-        print_help_entry(out, label, prismd_routes[i].help, NULL);
+        prism_help_entry(out, label, prismd_routes[i].help, NULL);
     }
     static const char *const rest_routes[][2] = {
         {"GET /v1/jobs", "jobs with step, map_version, agents connected, world_size"},
@@ -1109,7 +991,7 @@ static void print_usage(FILE *out)
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
     };
     for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
-        print_help_entry(out, rest_routes[i][0], rest_routes[i][1], NULL);
+        prism_help_entry(out, rest_routes[i][0], rest_routes[i][1], NULL);
     fprintf(out,
             "\n"
             "Changes need Authorization: Bearer TOKEN (the job's token, or the admin token) when the\n"
@@ -1161,24 +1043,24 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     prismd_commands_init(&commands);
 
     if (data_dir_create(opts->data_dir, &err) != PRISM_OK) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
+        prism_log(PRISM_LOG_ERROR, "cannot create data dir", "data_dir", opts->data_dir, "error",
                   err.message, LOG_END);
         goto out;
     }
     if (data_dir_lock(&srv, &err) != PRISM_OK) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot lock data dir", "data_dir", opts->data_dir, "error",
+        prism_log(PRISM_LOG_ERROR, "cannot lock data dir", "data_dir", opts->data_dir, "error",
                   err.message, LOG_END);
         goto out;
     }
     store = prismd_store_open(opts->data_dir, &err);
     if (!store) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
+        prism_log(PRISM_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
                    LOG_END);
         goto out;
     }
     reader = prismd_store_open_reader(opts->data_dir, &err);
     if (!reader) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
+        prism_log(PRISM_LOG_ERROR, "cannot open the store", "data_dir", opts->data_dir, "error", err.message,
                    LOG_END);
         goto out;
     }
@@ -1199,7 +1081,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         snprintf(reason, sizeof reason, "%s",
                  srv.http_error[0] ? srv.http_error : "libmicrohttpd could not start");
         pthread_mutex_unlock(&srv.http_error_lock);
-        prismd_log(PRISMD_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", reason,
+        prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", reason,
                   LOG_END);
         goto out;
     }
@@ -1221,10 +1103,10 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     };
     rpc = prismd_rpc_start(&rpc_opts, defaults, &err);
     if (!rpc) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot listen", "grpc", opts->grpc_text, "error", err.message, LOG_END);
+        prism_log(PRISM_LOG_ERROR, "cannot listen", "grpc", opts->grpc_text, "error", err.message, LOG_END);
         goto out;
     }
-    prismd_log(PRISMD_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "data_dir",
+    prism_log(PRISM_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "data_dir",
                opts->data_dir, "tls", opts->tls_cert ? "on" : "off", LOG_END);
 
     sigset_t stop;
@@ -1238,7 +1120,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         sig = sigtimedwait(&stop, NULL, &every);
         prismd_events_wake(srv.events);
     }
-    prismd_log(PRISMD_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
+    prism_log(PRISM_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
     status = 0;
 
 out:
@@ -1257,7 +1139,7 @@ out:
         close(srv.lock_fd);
     pthread_mutex_destroy(&srv.http_error_lock);
     if (status == 0)
-        prismd_log(PRISMD_LOG_INFO, "stopped", "data_dir", opts->data_dir, LOG_END);
+        prism_log(PRISM_LOG_INFO, "stopped", "data_dir", opts->data_dir, LOG_END);
     return status;
 }
 
@@ -1277,7 +1159,7 @@ int main(int argc, char **argv)
         printf("prismd %s\n", PRISM_VERSION);
         return 0;
     }
-    prismd_log_threshold = opts.log_level;
+    prism_log_threshold = opts.log_level;
 
     /* Stop signals are blocked before any thread exists, so every thread inherits the mask and
      * only the main thread's sigwait() receives them; a signal during start-up waits there. */
@@ -1298,7 +1180,7 @@ int main(int argc, char **argv)
     }
     char pid[32];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
-    prismd_log(PRISMD_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
+    prism_log(PRISM_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
               opts.config_path ? opts.config_path : "built-in defaults", LOG_END);
     int status = prismd_serve(&opts, &defaults, defaults_json);
     free(defaults_json);

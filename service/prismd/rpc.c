@@ -147,7 +147,7 @@ static bool start_batch(prismd_stream *s, grpc_op *ops, size_t n, call_tag *tag)
             s->closed = true;
         char code[16];
         snprintf(code, sizeof code, "%d", (int)e);
-        prismd_log(PRISMD_LOG_ERROR, "grpc_call_start_batch failed", "call", call_names[s->kind], "error", code,
+        prism_log(PRISM_LOG_ERROR, "grpc_call_start_batch failed", "call", call_names[s->kind], "error", code,
                    LOG_END);
         return false;
     }
@@ -190,7 +190,7 @@ static void call_end(prismd_stream *s, grpc_status_code code, const char *messag
     if (code != GRPC_STATUS_OK) {
         char c[16];
         snprintf(c, sizeof c, "%d", (int)code);
-        prismd_log(PRISMD_LOG_INFO, "call ended", "call", call_names[s->kind], "status", c, "message",
+        prism_log(PRISM_LOG_INFO, "call ended", "call", call_names[s->kind], "status", c, "message",
                    message ? message : "", LOG_END);
     }
     if (!s->writing)
@@ -217,7 +217,7 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
      * queue is dropped. */
     if (s->queued_bytes + len > s->rpc->stream_buffer_bytes) {
         static const char why[] = "the stream fell too far behind on reading updates";
-        prismd_log(PRISMD_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
+        prism_log(PRISM_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
         s->ending = true;
         grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
         outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
@@ -462,7 +462,7 @@ static void request_call(prismd_rpc *r, call_kind kind)
         return;
     prismd_stream *s = calloc(1, sizeof *s);
     if (!s) {
-        prismd_log(PRISMD_LOG_ERROR, "out of memory: no more calls accepted", "call", call_names[kind], LOG_END);
+        prism_log(PRISM_LOG_ERROR, "out of memory: no more calls accepted", "call", call_names[kind], LOG_END);
         return;
     }
     s->kind = kind;
@@ -481,7 +481,7 @@ static void request_call(prismd_rpc *r, call_kind kind)
                                                             &s->md, kind == CALL_CONNECT ? NULL : &s->payload,
                                                             r->cq, r->cq, &s->t_new);
     if (e != GRPC_CALL_OK) {
-        prismd_log(PRISMD_LOG_ERROR, "cannot wait for calls", "call", call_names[kind], LOG_END);
+        prism_log(PRISM_LOG_ERROR, "cannot wait for calls", "call", call_names[kind], LOG_END);
         call_free(s);
         return;
     }

@@ -7,9 +7,9 @@
 #include <string.h>
 #include <time.h>
 
-const char *const prismd_log_level_names[PRISMD_LOG_LEVELS] = {"debug", "info", "warn", "error"};
+const char *const prism_log_level_names[PRISM_LOG_LEVELS] = {"debug", "info", "warn", "error"};
 
-prismd_log_level prismd_log_threshold = PRISMD_LOG_INFO;
+prism_log_level prism_log_threshold = PRISM_LOG_INFO;
 
 typedef struct log_line {
     char buf[4096];
@@ -74,9 +74,9 @@ static void log_put_value(log_line *l, const char *s, bool always_quote)
 
 
 
-void prismd_log(prismd_log_level level, const char *msg, ...)
+void prism_log(prism_log_level level, const char *msg, ...)
 {
-    if (level < prismd_log_threshold)
+    if (level < prism_log_threshold)
         return;
     log_line l = {.len = 0};
     struct timespec ts;
@@ -91,7 +91,7 @@ void prismd_log(prismd_log_level level, const char *msg, ...)
     log_puts(&l, stamp);
     log_puts(&l, millis);
     log_puts(&l, " level=");
-    log_puts(&l, prismd_log_level_names[level]);
+    log_puts(&l, prism_log_level_names[level]);
     log_puts(&l, " msg=");
     log_put_value(&l, msg, true);
 
