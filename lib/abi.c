@@ -2,6 +2,7 @@
  * tests/python/test_kernels.py checks from Python's side). A change to a struct in
  * include/prism/ that moves a field fails the build here, not a Python caller at run time:
  * change _lib.py and these figures together. x86-64 and aarch64 Linux (LP64) only. */
+#include "prism/client.h"
 #include "prism/kernels.h"
 
 #include <stddef.h>
@@ -27,3 +28,29 @@ PRISM_ABI(offsetof(prism_grad_stats, l2_norm) == 0 && offsetof(prism_grad_stats,
 PRISM_ABI(offsetof(prism_grad_stats, mean) == 16 && offsetof(prism_grad_stats, variance) == 24);
 PRISM_ABI(offsetof(prism_grad_stats, numel) == 32 && offsetof(prism_grad_stats, nonfinite) == 40);
 PRISM_ABI(sizeof(prism_grad_stats) == 48);
+
+/* include/prism/client.h, as python/prism/client.py declares it. */
+PRISM_ABI(offsetof(prism_client_options, dir) == 0 && offsetof(prism_client_options, socket_name) == 8);
+PRISM_ABI(offsetof(prism_client_options, hints_name) == 16 && offsetof(prism_client_options, job_id) == 24);
+PRISM_ABI(offsetof(prism_client_options, rank) == 32 && offsetof(prism_client_options, world_size) == 36);
+PRISM_ABI(offsetof(prism_client_options, reconnect_interval_ms) == 40 && sizeof(prism_client_options) == 48);
+PRISM_ABI(offsetof(prism_quant_config, format) == 0 && offsetof(prism_quant_config, granularity) == 4);
+PRISM_ABI(offsetof(prism_quant_config, block_size) == 8 && sizeof(prism_quant_config) == 12);
+PRISM_ABI(offsetof(prism_block_layout, name) == 0 && offsetof(prism_block_layout, param_bytes_bf16) == 8);
+PRISM_ABI(offsetof(prism_block_layout, shape) == 16 && offsetof(prism_block_layout, shape_len) == 24);
+PRISM_ABI(sizeof(prism_block_layout) == 32);
+PRISM_ABI(offsetof(prism_model_layout, model_id) == 0 && offsetof(prism_model_layout, quant) == 8);
+PRISM_ABI(offsetof(prism_model_layout, blocks) == 24 && offsetof(prism_model_layout, n_blocks) == 32);
+PRISM_ABI(sizeof(prism_model_layout) == 40);
+PRISM_ABI(offsetof(prism_client_runtime_hints, map_version) == 0 && offsetof(prism_client_runtime_hints, max_inflight_h2d) == 8);
+PRISM_ABI(offsetof(prism_client_runtime_hints, max_inflight_d2h) == 12 && offsetof(prism_client_runtime_hints, prefetch_window) == 16);
+PRISM_ABI(offsetof(prism_client_runtime_hints, suppress_prefetch_in_backward) == 20 && offsetof(prism_client_runtime_hints, suppress_prefetch_in_optimizer) == 21);
+PRISM_ABI(offsetof(prism_client_runtime_hints, vram_pressure_threshold) == 24 && sizeof(prism_client_runtime_hints) == 32);
+PRISM_ABI(offsetof(prism_client_state, map_version) == 0 && offsetof(prism_client_state, decided_step) == 8);
+PRISM_ABI(offsetof(prism_client_state, effective_step) == 16 && offsetof(prism_client_state, map_blocks) == 24);
+PRISM_ABI(offsetof(prism_client_state, registered) == 28 && offsetof(prism_client_state, connected) == 29);
+PRISM_ABI(offsetof(prism_client_state, hints_mapped) == 30 && offsetof(prism_client_state, upstream_connected) == 31);
+PRISM_ABI(offsetof(prism_client_state, calibration_needed) == 32 && offsetof(prism_client_state, run_calibration) == 33);
+PRISM_ABI(offsetof(prism_client_state, calibration_samples) == 36 && offsetof(prism_client_state, low_precision) == 40);
+PRISM_ABI(offsetof(prism_client_state, hints) == 48 && sizeof(prism_client_state) == 80);
+PRISM_ABI(sizeof(prism_client_counters) == 128); /* 16 uint64_t counters */

@@ -8,6 +8,7 @@
 #define PRISM_CUDA_H
 
 #include "prism/common.h"
+#include "prism/client.h"
 #include "prism/kernels.h"
 
 #ifdef __cplusplus
@@ -78,17 +79,41 @@ prism_status prism_dequantize_accumulate_cuda(const prism_quant_spec *spec, cons
 prism_status prism_relative_error_cuda(const prism_tensor *a, const prism_tensor *b, double *out,
                                        prism_cuda_stream stream, prism_error *err);
 
+/* ---------------------------------------------------------------------------------------------
+ * The trainer's client (include/prism/client.h) with gradients on the GPU. */
+
+/* prism_client_report_step_cpu for gradients in device memory, without the host waiting for the
+ * GPU: the statistics (prism_grad_stats_blocks_cuda) and a copy of them to pinned host memory
+ * are queued on `stream`, and the StepReport goes out from the first later client call
+ * (prism_client_begin_step, any report) that finds the copy done: cudaEventQuery, never a wait.
+ * One report is in flight at a time; a call that finds the previous one still running on the
+ * GPU drops its own (PRISM_ERR_UNAVAILABLE, counted). PRISM_OK: queued. Refused arguments are
+ * PRISM_ERR_INVALID / PRISM_ERR_STATE as for the CPU variant. The first call allocates the
+ * client's buffers on the current device (cudaMalloc, which may synchronise once). */
+prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const double *loss,
+                                           const prism_tensor *tensors, const size_t *block_start,
+                                           const uint32_t *block_ids, size_t blocks, prism_cuda_stream stream,
+                                           prism_error *err);
+
 #ifdef __cplusplus
 }
 #endif
 
-#ifdef __CUDACC__
+/* Inside libprism: .cu files, and C files that define PRISM_CUDA_RUNTIME_API (they call the CUDA
+ * runtime themselves). */
+#if defined(__CUDACC__) || defined(PRISM_CUDA_RUNTIME_API)
 #include <cuda_runtime_api.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
 /* Turns a failed runtime call into the caller's error: "file:line: call: message (name)".
  * Also clears the runtime's last-error slot, so the failure is reported once, here. */
 prism_status prism_cuda_error(prism_error *err, cudaError_t rc, const char *call,
                               const char *file, int line);
+#ifdef __cplusplus
+}
+#endif
 
 /* Runs a CUDA runtime call; on failure fills the `prism_error *err` in scope and returns its
  * status from the enclosing function. */

@@ -476,11 +476,10 @@ def _stats_dict(st):
             "variance": st.variance, "numel": int(st.numel), "nonfinite": int(st.nonfinite)}
 
 
-def grad_stats_blocks(blocks):
-    """The gradient statistics of many blocks in one call: blocks is a list of blocks, each a
-    list of arrays or tensors (an empty block gives all zeros). Returns one dict per block, as
-    grad_stats. All tensors of the call must be in host memory, or all on one CUDA device."""
-    blocks = [list(b) if isinstance(b, (list, tuple)) else [b] for b in blocks]
+def block_tensors(blocks):
+    """The C arguments of a multi-block call: (device, prism_tensor array, block_start array)
+    for blocks, a list of lists of float arrays or tensors; device is None for host memory, else
+    the one CUDA device they are all on."""
     args, start = [], [0]
     for i, block in enumerate(blocks):
         for j, t in enumerate(block):
@@ -488,7 +487,15 @@ def grad_stats_blocks(blocks):
         start.append(len(args))
     device = _place(args)
     tensors = (_lib.Tensor * max(len(args), 1))(*[a.tensor() for a in args])
-    block_start = (ctypes.c_size_t * len(start))(*start)
+    return device, tensors, (ctypes.c_size_t * len(start))(*start)
+
+
+def grad_stats_blocks(blocks):
+    """The gradient statistics of many blocks in one call: blocks is a list of blocks, each a
+    list of arrays or tensors (an empty block gives all zeros). Returns one dict per block, as
+    grad_stats. All tensors of the call must be in host memory, or all on one CUDA device."""
+    blocks = [list(b) if isinstance(b, (list, tuple)) else [b] for b in blocks]
+    device, tensors, block_start = block_tensors(blocks)
     nblocks = len(blocks)
     if device is not None:
         torch = _torch()

@@ -46,17 +46,26 @@ class StructLayout(unittest.TestCase):
     def test_ctypes_structs_match_the_offsets_and_sizes_asserted_in_lib_abi_c(self):
         with open(os.path.join(SOURCE, "lib", "abi.c")) as f:
             text = f.read()
+        from prism import client
         structs = {"prism_error": _lib.Error, "prism_tensor": _lib.Tensor,
-                   "prism_quant_spec": _lib.QuantSpec, "prism_grad_stats": _lib.GradStats}
+                   "prism_quant_spec": _lib.QuantSpec, "prism_grad_stats": _lib.GradStats,
+                   "prism_client_options": client.ClientOptions, "prism_quant_config": client.QuantConfig,
+                   "prism_block_layout": client.BlockLayout, "prism_model_layout": client.ModelLayout,
+                   "prism_client_runtime_hints": client.RuntimeHints, "prism_client_state": client.ClientState,
+                   "prism_client_counters": client.ClientCounters}
         offsets = re.findall(r"offsetof\((prism_\w+), (\w+)\) == (\d+)", text)
         sizes = re.findall(r"sizeof\((prism_\w+)\) == (\d+)", text)
-        self.assertEqual(len(offsets), 2 + 3 + 6 + 6)  # every field of the four
+        # every field of the four kernel structs and of the client's (the counters by size: 16 u64)
+        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 4 + 4 + 7 + 13)
+        self.assertEqual(len(client.ClientCounters._fields_), 16)
         for struct, field, offset in offsets:
             self.assertEqual(getattr(structs[struct], field).offset, int(offset), (struct, field))
         self.assertTrue(set(structs) <= {s for s, _ in sizes})
         for name, size in sizes:  # the structs, and the enums that ctypes passes as c_int
             self.assertEqual(ctypes.sizeof(structs.get(name, ctypes.c_int)), int(size), name)
         for struct, cls in structs.items():
+            if struct == "prism_client_counters":
+                continue
             self.assertEqual({f for s, f, _ in offsets if s == struct},
                              {name for name, _ in cls._fields_}, struct)
 

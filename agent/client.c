@@ -1,0 +1,943 @@
+/* libprism's client (include/prism/client.h): the layout and its fingerprint, reports framed as
+ * agent/local.h says on a non-blocking Unix socket, and the per-step copy of the hint table.
+ *
+ * Everything a report needs is allocated at prism_client_register, sized for the layout: the
+ * protobuf-c message arrays, the duplicate-id stamps, the statistics of the _cpu variant and the
+ * frame buffer. A report only fills them, packs and calls send(2). */
+#define _GNU_SOURCE
+#include "prism/client.h"
+
+#include "client_ext.h"
+#include "hints.h"
+#include "local.h"
+#include "sha256.h"
+#include "prism/v1/prism.pb-c.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+_Static_assert(PRISM_FINGERPRINT_BYTES == PRISM_SHA256_BYTES, "a fingerprint is a SHA-256 digest");
+_Static_assert(PRISM_CLIENT_MAX_BLOCKS == PRISM_HINTS_MAX_BLOCKS_LIMIT, "one block limit");
+
+/* Seqlock attempts per begin_step. The agent holds the lock for one map copy (microseconds), so
+ * a few attempts catch the common case of a read that overlapped the end of a write; more would
+ * only spin. */
+#define HINT_READ_TRIES 64
+
+/* What the frame in flight is, so that finishing or losing it is counted right. */
+typedef enum frame_kind { FRAME_HELLO, FRAME_STEP, FRAME_CALIBRATION } frame_kind;
+
+struct prism_client {
+    /* identity and places */
+    char *job_id;
+    uint32_t rank, world_size;
+    uint64_t interval_ms;
+    struct sockaddr_un addr;
+    char *hints_path;
+
+    /* the registered layout: only what reports and reconnections need */
+    bool registered;
+    uint32_t n_blocks;
+    uint8_t fingerprint[PRISM_FINGERPRINT_BYTES];
+    uint8_t *hello;  /* the whole Hello frame, sent first on every connection */
+    size_t hello_len;
+
+    /* the connection */
+    int fd;                    /* -1: not connected */
+    bool attempted;            /* a connection was tried at least once */
+    uint64_t next_connect_ms;  /* no attempt before this (CLOCK_MONOTONIC) */
+    const uint8_t *pend;       /* the frame in flight (hello or out), NULL when none */
+    size_t pend_len, pend_off;
+    frame_kind pend_kind;
+    uint8_t *out;              /* frame buffer of reports */
+    size_t out_cap;
+
+    /* reused by every report */
+    Prism__V1__BlockGradStats *gs;
+    Prism__V1__BlockGradStats **gs_ptr;
+    Prism__V1__BlockError *be;
+    Prism__V1__BlockError **be_ptr;
+    prism_grad_stats *cpu_stats;
+    uint32_t *seen;            /* seen[id] == stamp: id already in this call */
+    uint32_t stamp;
+
+    /* the hint table and the client's copy of the map in use */
+    prism_hints hints;
+    uint64_t next_hints_ms;
+    uint8_t *prec;             /* n_blocks precisions of the map in use */
+    uint8_t *prec_next;        /* where the next read goes; swapped with prec on success */
+    prism_hints_view view;
+    bool stepped;              /* begin_step ran at least once */
+    uint64_t last_step;
+    bool applied_written;      /* the version in view was written back to this table */
+
+    prism_client_counters n;
+    char last_error[sizeof ((prism_error *)0)->message];
+    prism_client_ext ext;      /* client_cuda.c's reports in flight on a GPU stream */
+    bool polling;              /* inside ext.poll: its own report does not poll again */
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void note_failure(prism_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void note_failure(prism_client *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+    va_end(ap);
+}
+
+/* A refused call: counted, and err says why. */
+static prism_status refuse(prism_client *c, prism_error *err, prism_status status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static prism_status refuse(prism_client *c, prism_error *err, prism_status status, const char *fmt, ...)
+{
+    if (c)
+        c->n.invalid_calls++;
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        err->status = status;
+    }
+    return status;
+}
+
+/* Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF): protobuf strings
+ * must be valid, and the agent's and prismd's parsers may check. */
+static bool utf8_valid(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned char b = *p;
+        size_t len;
+        uint32_t cp, min;
+        if (b < 0x80) {
+            p++;
+            continue;
+        } else if ((b & 0xe0) == 0xc0) {
+            len = 2, cp = b & 0x1f, min = 0x80;
+        } else if ((b & 0xf0) == 0xe0) {
+            len = 3, cp = b & 0x0f, min = 0x800;
+        } else if ((b & 0xf8) == 0xf0) {
+            len = 4, cp = b & 0x07, min = 0x10000;
+        } else {
+            return false;
+        }
+        for (size_t i = 1; i < len; i++) {
+            if ((p[i] & 0xc0) != 0x80)
+                return false;
+            cp = cp << 6 | (p[i] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        p += len;
+    }
+    return true;
+}
+
+static bool text_ok(const char *s)
+{
+    return s && s[0] && utf8_valid(s);
+}
+
+/* ---- layout and fingerprint ------------------------------------------------------------- */
+
+static prism_status check_layout(const prism_model_layout *l, prism_error *err)
+{
+    if (!l)
+        return prism_error_set(err, PRISM_ERR_INVALID, "layout: NULL");
+    if (!text_ok(l->model_id))
+        return prism_error_set(err, PRISM_ERR_INVALID, "model_id: %s",
+                               !l->model_id ? "NULL" : !l->model_id[0] ? "empty" : "not valid UTF-8");
+    if (l->quant.format <= PRISM_PRECISION_BF16 || l->quant.format >= PRISM_PRECISION_COUNT)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "quant.format: %d is not a low precision (int8, fp8_e4m3, fp8_e5m2, int4)",
+                               (int)l->quant.format);
+    if (l->quant.granularity != PRISM_GRANULARITY_TENSOR && l->quant.granularity != PRISM_GRANULARITY_ROW &&
+        l->quant.granularity != PRISM_GRANULARITY_BLOCK)
+        return prism_error_set(err, PRISM_ERR_INVALID, "quant.granularity: %d is not tensor, row or block",
+                               (int)l->quant.granularity);
+    if (l->n_blocks == 0 || l->n_blocks > PRISM_CLIENT_MAX_BLOCKS)
+        return prism_error_set(err, PRISM_ERR_INVALID, "n_blocks: %u is outside [1, %u]", l->n_blocks,
+                               PRISM_CLIENT_MAX_BLOCKS);
+    if (!l->blocks)
+        return prism_error_set(err, PRISM_ERR_INVALID, "blocks: NULL with n_blocks %u", l->n_blocks);
+    for (uint32_t i = 0; i < l->n_blocks; i++) {
+        const prism_block_layout *b = &l->blocks[i];
+        if (!text_ok(b->name))
+            return prism_error_set(err, PRISM_ERR_INVALID, "blocks[%u].name: %s", i,
+                                   !b->name ? "NULL" : !b->name[0] ? "empty" : "not valid UTF-8");
+        if (b->shape_len > 0 && !b->shape)
+            return prism_error_set(err, PRISM_ERR_INVALID, "blocks[%u].shape: NULL with shape_len %zu", i,
+                                   b->shape_len);
+        size_t tensor = 0;
+        for (size_t p = 0; p < b->shape_len; tensor++) {
+            uint64_t rank = b->shape[p];
+            if (rank > b->shape_len - p - 1)
+                return prism_error_set(err, PRISM_ERR_INVALID,
+                                       "blocks[%u].shape: tensor %zu has rank %llu but only %zu words follow", i,
+                                       tensor, (unsigned long long)rank, b->shape_len - p - 1);
+            p += 1 + (size_t)rank;
+        }
+    }
+    return PRISM_OK;
+}
+
+static void hash_u32(prism_sha256_ctx *s, uint32_t v)
+{
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    prism_sha256_update(s, b, sizeof b);
+}
+
+static void hash_u64(prism_sha256_ctx *s, uint64_t v)
+{
+    uint8_t b[8];
+    for (unsigned i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    prism_sha256_update(s, b, sizeof b);
+}
+
+static void hash_text(prism_sha256_ctx *s, const char *text)
+{
+    size_t len = strlen(text);
+    hash_u64(s, len);
+    prism_sha256_update(s, text, len);
+}
+
+/* The encoding of client.h, on a layout check_layout accepted. */
+static void fingerprint_of(const prism_model_layout *l, uint8_t out[PRISM_FINGERPRINT_BYTES])
+{
+    static const char domain[] = "prism.fingerprint.v1";
+    prism_sha256_ctx s;
+    prism_sha256_init(&s);
+    prism_sha256_update(&s, domain, sizeof domain - 1);
+    hash_text(&s, l->model_id);
+    hash_u32(&s, (uint32_t)l->quant.format);
+    hash_u32(&s, (uint32_t)l->quant.granularity);
+    uint64_t k = 0;
+    if (l->quant.granularity == PRISM_GRANULARITY_BLOCK)
+        k = l->quant.block_size ? l->quant.block_size : PRISM_QUANT_BLOCK_DEFAULT;
+    hash_u64(&s, k);
+    hash_u32(&s, l->n_blocks);
+    for (uint32_t i = 0; i < l->n_blocks; i++) {
+        hash_text(&s, l->blocks[i].name);
+        hash_u64(&s, l->blocks[i].shape_len);
+        for (size_t j = 0; j < l->blocks[i].shape_len; j++)
+            hash_u64(&s, l->blocks[i].shape[j]);
+    }
+    prism_sha256_final(&s, out);
+}
+
+prism_status prism_model_fingerprint(const prism_model_layout *layout, uint8_t out[PRISM_FINGERPRINT_BYTES],
+                                     prism_error *err)
+{
+    if (!out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "out: NULL");
+    prism_status s = check_layout(layout, err);
+    if (s != PRISM_OK)
+        return s;
+    fingerprint_of(layout, out);
+    return PRISM_OK;
+}
+
+/* ---- the connection --------------------------------------------------------------------- */
+
+static void count_lost_frame(prism_client *c, frame_kind kind)
+{
+    if (kind == FRAME_STEP)
+        c->n.reports_dropped++;
+    else if (kind == FRAME_CALIBRATION)
+        c->n.calibrations_dropped++;
+}
+
+static void disconnect(prism_client *c)
+{
+    close(c->fd);
+    c->fd = -1;
+    c->n.disconnects++;
+    if (c->pend) {
+        count_lost_frame(c, c->pend_kind);
+        c->pend = NULL;
+    }
+    /* The agent is gone or restarting: try again one interval from now, at a later call. */
+    c->next_connect_ms = now_ms() + c->interval_ms;
+}
+
+/* Maps the hint table if it is there; false (counted) when it is not or is not valid. */
+static bool open_hints(prism_client *c)
+{
+    prism_error e;
+    if (prism_hints_open(&c->hints, c->hints_path, &e) != PRISM_OK) {
+        c->n.hint_open_failures++;
+        note_failure(c, "hint table: %s", e.message);
+        return false;
+    }
+    c->applied_written = false;
+    return true;
+}
+
+/* At a new connection: a restarted agent may have replaced the hint table (a new file renamed
+ * over the path); the old mapping stays valid but is dead, so map the new one. The copy of the
+ * map in use stays until the next begin_step reads the new table. */
+static void check_hints_file(prism_client *c)
+{
+    if (!c->hints.h || !prism_hints_replaced(&c->hints, c->hints_path))
+        return;
+    prism_hints_close(&c->hints);
+    if (open_hints(c))
+        c->n.hint_remaps++;
+    else
+        c->next_hints_ms = now_ms() + c->interval_ms;
+}
+
+/* Connects when not connected, registered, and the interval since the last attempt has passed.
+ * A new connection starts with Hello in flight. */
+static bool ensure_connected(prism_client *c)
+{
+    if (c->fd >= 0)
+        return true;
+    if (!c->registered)
+        return false;
+    uint64_t now = now_ms();
+    if (c->attempted && now < c->next_connect_ms)
+        return false;
+    c->attempted = true;
+    c->next_connect_ms = now + c->interval_ms;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        c->n.connect_failures++;
+        note_failure(c, "socket: %s", strerror(errno));
+        return false;
+    }
+    /* A Unix socket connects at once or not at all (EAGAIN: the agent's backlog is full). */
+    if (connect(fd, (const struct sockaddr *)&c->addr, sizeof c->addr) != 0) {
+        c->n.connect_failures++;
+        note_failure(c, "connect %s: %s", c->addr.sun_path, strerror(errno));
+        close(fd);
+        return false;
+    }
+    c->fd = fd;
+    if (c->n.connects++ > 0)
+        c->n.reconnects++;
+    c->pend = c->hello;
+    c->pend_len = c->hello_len;
+    c->pend_off = 0;
+    c->pend_kind = FRAME_HELLO;
+    check_hints_file(c);
+    return true;
+}
+
+/* Writes what the socket takes of the frame in flight: 1 when it is done (or there was none),
+ * 0 when the socket is full, -1 when the connection was lost. */
+static int flush_pending(prism_client *c)
+{
+    unsigned interrupted = 0;
+    while (c->pend && c->pend_off < c->pend_len) {
+        ssize_t w = send(c->fd, c->pend + c->pend_off, c->pend_len - c->pend_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            c->pend_off += (size_t)w;
+            c->n.bytes_sent += (uint64_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR && ++interrupted < 8)
+            continue;
+        if (w == 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            return 0;
+        c->n.send_errors++;
+        note_failure(c, "send to %s: %s", c->addr.sun_path, strerror(errno));
+        disconnect(c);
+        return -1;
+    }
+    if (c->pend) {
+        if (c->pend_kind == FRAME_HELLO)
+            c->n.hellos_sent++;
+        else if (c->pend_kind == FRAME_STEP)
+            c->n.reports_sent++;
+        else
+            c->n.calibrations_sent++;
+        c->pend = NULL;
+    }
+    return 1;
+}
+
+/* Whether a new frame can go out now: connected, and nothing left of an earlier one.
+ * PRISM_ERR_UNAVAILABLE (the caller counts the drop) otherwise. */
+static prism_status ready_to_send(prism_client *c, prism_error *err)
+{
+    if (!ensure_connected(c))
+        return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "no connection to the agent at %s (%s)",
+                               c->addr.sun_path, c->last_error[0] ? c->last_error : "not tried yet");
+    int r = flush_pending(c);
+    if (r < 0)
+        return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "connection to the agent lost: %s", c->last_error);
+    if (r == 0)
+        return prism_error_set(err, PRISM_ERR_UNAVAILABLE,
+                               "the agent has not read the previous frame yet (%zu of %zu bytes sent)", c->pend_off,
+                               c->pend_len);
+    return PRISM_OK;
+}
+
+/* Packs msg as a frame into c->out and starts sending it. The report is the caller's to count
+ * as dropped on a failure. */
+static prism_status send_message(prism_client *c, const Prism__V1__AgentMessage *msg, frame_kind kind,
+                                 prism_error *err)
+{
+    size_t size = protobuf_c_message_get_packed_size(&msg->base);
+    if (size > PRISM_LOCAL_MAX_FRAME)
+        return prism_error_set(err, PRISM_ERR_LIMIT, "message of %zu bytes exceeds the frame limit of %u bytes",
+                               size, PRISM_LOCAL_MAX_FRAME);
+    size_t need = PRISM_LOCAL_FRAME_HEADER + size;
+    if (need > c->out_cap) {
+        uint8_t *grown = realloc(c->out, need);
+        if (!grown)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "frame buffer of %zu bytes", need);
+        c->out = grown;
+        c->out_cap = need;
+    }
+    prism_local_put_len(c->out, (uint32_t)size);
+    protobuf_c_message_pack(&msg->base, c->out + PRISM_LOCAL_FRAME_HEADER);
+    c->pend = c->out;
+    c->pend_len = need;
+    c->pend_off = 0;
+    c->pend_kind = kind;
+    if (flush_pending(c) < 0)
+        return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "connection to the agent lost: %s", c->last_error);
+    return PRISM_OK;
+}
+
+/* ---- open, register, close -------------------------------------------------------------- */
+
+prism_status prism_client_open(const prism_client_options *o, prism_client **out, prism_error *err)
+{
+    if (!out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "out: NULL");
+    *out = NULL;
+    if (!o)
+        return prism_error_set(err, PRISM_ERR_INVALID, "options: NULL");
+    const char *dir = o->dir;
+    if (!dir) {
+        dir = getenv("PRISM_AGENT_DIR");
+        if (!dir || !dir[0])
+            dir = ".";
+    }
+    if (!dir[0])
+        return prism_error_set(err, PRISM_ERR_INVALID, "dir: empty");
+    const char *socket_name = o->socket_name ? o->socket_name : PRISM_LOCAL_SOCKET_NAME;
+    const char *hints_name = o->hints_name ? o->hints_name : PRISM_LOCAL_HINTS_NAME;
+    if (!socket_name[0])
+        return prism_error_set(err, PRISM_ERR_INVALID, "socket_name: empty");
+    if (!hints_name[0])
+        return prism_error_set(err, PRISM_ERR_INVALID, "hints_name: empty");
+    const char *job_id = o->job_id ? o->job_id : getenv("PRISM_JOB_ID");
+    if (!text_ok(job_id))
+        return prism_error_set(err, PRISM_ERR_INVALID, "job_id: %s",
+                               !job_id ? "not set (options.job_id or $PRISM_JOB_ID)"
+                               : !job_id[0] ? "empty"
+                                            : "not valid UTF-8");
+    uint32_t world_size = o->world_size ? o->world_size : 1;
+    if (o->rank >= world_size)
+        return prism_error_set(err, PRISM_ERR_INVALID, "rank: %u is not below world_size %u", o->rank, world_size);
+
+    prism_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "client");
+    c->fd = -1;
+    c->hints.fd = -1;
+    c->rank = o->rank;
+    c->world_size = world_size;
+    c->interval_ms = o->reconnect_interval_ms ? o->reconnect_interval_ms : PRISM_CLIENT_RECONNECT_MS_DEFAULT;
+    c->addr.sun_family = AF_UNIX;
+    int len = snprintf(c->addr.sun_path, sizeof c->addr.sun_path, "%s/%s", dir, socket_name);
+    if (len < 0 || (size_t)len >= sizeof c->addr.sun_path) {
+        free(c);
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "dir: the socket path %s/%s is %d bytes, a Unix socket address holds at most %zu",
+                               dir, socket_name, len, sizeof c->addr.sun_path - 1);
+    }
+    size_t hints_len = strlen(dir) + 1 + strlen(hints_name) + 1;
+    c->hints_path = malloc(hints_len);
+    c->job_id = strdup(job_id);
+    if (!c->hints_path || !c->job_id) {
+        prism_client_close(c);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "client paths");
+    }
+    snprintf(c->hints_path, hints_len, "%s/%s", dir, hints_name);
+    if (!open_hints(c))
+        c->next_hints_ms = now_ms() + c->interval_ms;
+    *out = c;
+    return PRISM_OK;
+}
+
+void prism_client_close(prism_client *c)
+{
+    if (!c)
+        return;
+    if (c->ext.destroy)
+        c->ext.destroy(c->ext.state);
+    if (c->fd >= 0)
+        close(c->fd);
+    prism_hints_close(&c->hints);
+    free(c->job_id);
+    free(c->hints_path);
+    free(c->hello);
+    free(c->out);
+    free(c->gs);
+    free(c->gs_ptr);
+    free(c->be);
+    free(c->be_ptr);
+    free(c->cpu_stats);
+    free(c->seen);
+    free(c->prec);
+    free(c->prec_next);
+    free(c);
+}
+
+/* The Hello frame of a checked layout, into c->hello. */
+static prism_status encode_hello(prism_client *c, const prism_model_layout *l, prism_error *err)
+{
+    Prism__V1__BlockInfo *info = calloc(l->n_blocks, sizeof *info);
+    Prism__V1__BlockInfo **info_ptr = calloc(l->n_blocks, sizeof *info_ptr);
+    prism_status s = PRISM_OK;
+    if (!info || !info_ptr) {
+        s = prism_error_set(err, PRISM_ERR_NOMEM, "Hello of %u blocks", l->n_blocks);
+        goto done;
+    }
+    for (uint32_t i = 0; i < l->n_blocks; i++) {
+        prism__v1__block_info__init(&info[i]);
+        info[i].id = i;
+        info[i].name = (char *)l->blocks[i].name;
+        info[i].param_bytes_bf16 = l->blocks[i].param_bytes_bf16;
+        info[i].n_shape = l->blocks[i].shape_len;
+        info[i].shape = (uint64_t *)l->blocks[i].shape;
+        info_ptr[i] = &info[i];
+    }
+    Prism__V1__ModelLayout layout = PRISM__V1__MODEL_LAYOUT__INIT;
+    layout.fingerprint.len = PRISM_FINGERPRINT_BYTES;
+    layout.fingerprint.data = c->fingerprint;
+    layout.model_id = (char *)l->model_id;
+    layout.n_blocks = l->n_blocks;
+    layout.blocks = info_ptr;
+    Prism__V1__Hello hello = PRISM__V1__HELLO__INIT;
+    hello.job_id = c->job_id;
+    hello.rank = c->rank;
+    hello.world_size = c->world_size;
+    hello.layout = &layout;
+    Prism__V1__AgentMessage msg = PRISM__V1__AGENT_MESSAGE__INIT;
+    msg.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_HELLO;
+    msg.hello = &hello;
+    size_t size = protobuf_c_message_get_packed_size(&msg.base);
+    if (size > PRISM_LOCAL_MAX_FRAME) {
+        s = prism_error_set(err, PRISM_ERR_LIMIT, "layout: its Hello is %zu bytes, a frame holds at most %u", size,
+                            PRISM_LOCAL_MAX_FRAME);
+        goto done;
+    }
+    c->hello = malloc(PRISM_LOCAL_FRAME_HEADER + size);
+    if (!c->hello) {
+        s = prism_error_set(err, PRISM_ERR_NOMEM, "Hello frame of %zu bytes", size);
+        goto done;
+    }
+    prism_local_put_len(c->hello, (uint32_t)size);
+    protobuf_c_message_pack(&msg.base, c->hello + PRISM_LOCAL_FRAME_HEADER);
+    c->hello_len = PRISM_LOCAL_FRAME_HEADER + size;
+done:
+    free(info);
+    free(info_ptr);
+    return s;
+}
+
+/* The largest StepReport frame of n blocks: every field at its longest varint or fixed size. */
+static size_t step_frame_bound(uint32_t n)
+{
+    const size_t per_block = 2 + 10 /* len */ + 6 /* block_id */ + 4 * 9 /* doubles */ + 2 * 11 /* u64 */;
+    return PRISM_LOCAL_FRAME_HEADER + 2 + 10 + 11 /* step */ + 9 /* loss */ + (size_t)n * per_block;
+}
+
+static void free_arrays(prism_client *c)
+{
+    free(c->gs), c->gs = NULL;
+    free(c->gs_ptr), c->gs_ptr = NULL;
+    free(c->be), c->be = NULL;
+    free(c->be_ptr), c->be_ptr = NULL;
+    free(c->cpu_stats), c->cpu_stats = NULL;
+    free(c->seen), c->seen = NULL;
+    free(c->prec), c->prec = NULL;
+    free(c->prec_next), c->prec_next = NULL;
+    free(c->hello), c->hello = NULL;
+}
+
+/* Reads the table into prec_next and, on success, makes it the map in use. */
+static uint64_t read_map(prism_client *c, uint64_t step)
+{
+    prism_hints_view v;
+    if (!prism_hints_read(&c->hints, step, &v, c->prec_next, c->registered ? c->n_blocks : 0, HINT_READ_TRIES)) {
+        c->n.hint_read_failures++;
+        return c->view.map_version;
+    }
+    c->n.hint_reads++;
+    uint8_t *t = c->prec;
+    c->prec = c->prec_next;
+    c->prec_next = t;
+    bool changed = v.map_version != c->view.map_version;
+    c->view = v;
+    if (changed || !c->applied_written) {
+        prism_hints_write_applied(&c->hints, v.map_version, step);
+        c->applied_written = true;
+    }
+    return v.map_version;
+}
+
+prism_status prism_client_register(prism_client *c, const prism_model_layout *layout, prism_error *err)
+{
+    if (!c)
+        return refuse(c, err, PRISM_ERR_INVALID, "client: NULL");
+    if (c->registered)
+        return refuse(c, err, PRISM_ERR_STATE, "layout: already registered (once per client)");
+    prism_status s = check_layout(layout, err);
+    if (s != PRISM_OK) {
+        c->n.invalid_calls++;
+        return s;
+    }
+    fingerprint_of(layout, c->fingerprint);
+    uint32_t n = layout->n_blocks;
+    s = encode_hello(c, layout, err);
+    if (s != PRISM_OK) {
+        c->n.invalid_calls += s == PRISM_ERR_LIMIT;
+        return s;
+    }
+    c->gs = calloc(n, sizeof *c->gs);
+    c->gs_ptr = calloc(n, sizeof *c->gs_ptr);
+    c->be = calloc(n, sizeof *c->be);
+    c->be_ptr = calloc(n, sizeof *c->be_ptr);
+    c->cpu_stats = calloc(n, sizeof *c->cpu_stats);
+    c->seen = calloc(n, sizeof *c->seen);
+    c->prec = calloc(n, 1); /* zeros: bf16 */
+    c->prec_next = calloc(n, 1);
+    size_t bound = step_frame_bound(n);
+    if (bound > c->out_cap) {
+        uint8_t *grown = realloc(c->out, bound);
+        if (grown) {
+            c->out = grown;
+            c->out_cap = bound;
+        }
+    }
+    if (!c->gs || !c->gs_ptr || !c->be || !c->be_ptr || !c->cpu_stats || !c->seen || !c->prec || !c->prec_next ||
+        c->out_cap < bound) {
+        free_arrays(c);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "report buffers for %u blocks", n);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        prism__v1__block_grad_stats__init(&c->gs[i]);
+        prism__v1__block_error__init(&c->be[i]);
+    }
+    c->n_blocks = n;
+    c->registered = true;
+    if (c->stepped && c->hints.h)
+        read_map(c, c->last_step); /* the copy so far had no room for the blocks */
+    if (ensure_connected(c))
+        flush_pending(c);
+    return PRISM_OK;
+}
+
+prism_status prism_client_fingerprint(const prism_client *c, uint8_t out[PRISM_FINGERPRINT_BYTES], prism_error *err)
+{
+    if (!c || !out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: NULL", !c ? "client" : "out");
+    if (!c->registered)
+        return prism_error_set(err, PRISM_ERR_STATE, "fingerprint: no layout registered");
+    memcpy(out, c->fingerprint, PRISM_FINGERPRINT_BYTES);
+    return PRISM_OK;
+}
+
+/* ---- reports ---------------------------------------------------------------------------- */
+
+/* Checks ids (NULL: 0 .. n-1) against the layout, each at most once. */
+static prism_status check_block_ids(prism_client *c, const uint32_t *ids, size_t n, const char *what,
+                                    prism_error *err)
+{
+    if (n > c->n_blocks)
+        return refuse(c, err, PRISM_ERR_INVALID, "%s: %zu blocks, the registered layout has %u", what, n,
+                      c->n_blocks);
+    if (!ids)
+        return PRISM_OK;
+    if (++c->stamp == 0) {
+        memset(c->seen, 0, (size_t)c->n_blocks * sizeof *c->seen);
+        c->stamp = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] >= c->n_blocks)
+            return refuse(c, err, PRISM_ERR_INVALID,
+                          "block_ids[%zu]: block %u is not in the registered layout (%u blocks)", i, ids[i],
+                          c->n_blocks);
+        if (c->seen[ids[i]] == c->stamp)
+            return refuse(c, err, PRISM_ERR_INVALID, "block_ids[%zu]: block %u appears twice", i, ids[i]);
+        c->seen[ids[i]] = c->stamp;
+    }
+    return PRISM_OK;
+}
+
+/* Sends what an extension has ready (a GPU report whose copy finished). Reentrant calls (the
+ * extension reporting through prism_client_report_step) do not poll again. */
+static void poll_extension(prism_client *c)
+{
+    if (!c->ext.poll || c->polling)
+        return;
+    c->polling = true;
+    c->ext.poll(c, c->ext.state);
+    c->polling = false;
+}
+
+static prism_status check_report_state(prism_client *c, prism_error *err)
+{
+    if (!c)
+        return refuse(c, err, PRISM_ERR_INVALID, "client: NULL");
+    poll_extension(c);
+    if (!c->registered)
+        return refuse(c, err, PRISM_ERR_STATE, "no layout registered (call prism_client_register first)");
+    return PRISM_OK;
+}
+
+prism_client_ext *prism_client_extension(prism_client *c)
+{
+    return &c->ext;
+}
+
+prism_status prism_client_check_report(prism_client *c, const uint32_t *block_ids, size_t n, prism_error *err)
+{
+    prism_status s = check_report_state(c, err);
+    if (s != PRISM_OK)
+        return s;
+    return check_block_ids(c, block_ids, n, "blocks", err);
+}
+
+void prism_client_note_dropped(prism_client *c, const char *why)
+{
+    c->n.reports_dropped++;
+    note_failure(c, "%s", why);
+}
+
+/* The common path of every report_step variant: arguments checked, ready_to_send said yes. */
+static prism_status send_step(prism_client *c, uint64_t step, const double *loss, const uint32_t *ids,
+                              const prism_grad_stats *stats, size_t n, prism_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        Prism__V1__BlockGradStats *g = &c->gs[i];
+        g->block_id = ids ? ids[i] : (uint32_t)i;
+        g->l2_norm = stats[i].l2_norm;
+        g->max_abs = stats[i].max_abs;
+        g->mean = stats[i].mean;
+        g->variance = stats[i].variance;
+        g->numel = stats[i].numel;
+        g->nonfinite = stats[i].nonfinite;
+        c->gs_ptr[i] = g;
+    }
+    Prism__V1__StepReport report = PRISM__V1__STEP_REPORT__INIT;
+    report.step = step;
+    if (loss) {
+        report.optional_loss_case = PRISM__V1__STEP_REPORT__OPTIONAL_LOSS_LOSS;
+        report.loss = *loss;
+    }
+    report.n_blocks = n;
+    report.blocks = c->gs_ptr;
+    Prism__V1__AgentMessage msg = PRISM__V1__AGENT_MESSAGE__INIT;
+    msg.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_STEP_REPORT;
+    msg.step_report = &report;
+    prism_status s = send_message(c, &msg, FRAME_STEP, err);
+    if (s != PRISM_OK && s != PRISM_ERR_UNAVAILABLE) /* UNAVAILABLE: counted with the lost frame */
+        c->n.reports_dropped++;
+    return s;
+}
+
+prism_status prism_client_report_step(prism_client *c, uint64_t step, const double *loss, const uint32_t *block_ids,
+                                      const prism_grad_stats *stats, size_t n, prism_error *err)
+{
+    prism_status s = check_report_state(c, err);
+    if (s != PRISM_OK)
+        return s;
+    if (n > 0 && (!block_ids || !stats))
+        return refuse(c, err, PRISM_ERR_INVALID, "%s: NULL with n %zu", !block_ids ? "block_ids" : "stats", n);
+    s = check_block_ids(c, block_ids, n, "n", err);
+    if (s != PRISM_OK)
+        return s;
+    s = ready_to_send(c, err);
+    if (s != PRISM_OK) {
+        c->n.reports_dropped++;
+        prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
+        return s;
+    }
+    s = send_step(c, step, loss, block_ids, stats, n, err);
+    if (s != PRISM_OK)
+        prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
+    return s;
+}
+
+prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const double *loss,
+                                          const prism_tensor *tensors, const size_t *block_start,
+                                          const uint32_t *block_ids, size_t blocks, prism_error *err)
+{
+    prism_status s = check_report_state(c, err);
+    if (s != PRISM_OK)
+        return s;
+    if (!block_start)
+        return refuse(c, err, PRISM_ERR_INVALID, "block_start: NULL");
+    s = check_block_ids(c, block_ids, blocks, "blocks", err);
+    if (s != PRISM_OK)
+        return s;
+    /* Not worth the kernels' time when the report would be dropped. */
+    s = ready_to_send(c, err);
+    if (s != PRISM_OK) {
+        c->n.reports_dropped++;
+        prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
+        return s;
+    }
+    s = prism_grad_stats_blocks_cpu(tensors, block_start, blocks, c->cpu_stats, err);
+    if (s != PRISM_OK) {
+        c->n.invalid_calls++;
+        c->n.reports_dropped++;
+        return s;
+    }
+    s = send_step(c, step, loss, block_ids, c->cpu_stats, blocks, err);
+    if (s != PRISM_OK)
+        prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
+    return s;
+}
+
+prism_status prism_client_report_calibration(prism_client *c, prism_precision format, uint32_t samples,
+                                             const uint32_t *block_ids, const double *errors, size_t n,
+                                             prism_error *err)
+{
+    prism_status s = check_report_state(c, err);
+    if (s != PRISM_OK)
+        return s;
+    if (format <= PRISM_PRECISION_BF16 || format >= PRISM_PRECISION_COUNT)
+        return refuse(c, err, PRISM_ERR_INVALID, "format: %d is not a low precision", (int)format);
+    if (samples == 0)
+        return refuse(c, err, PRISM_ERR_INVALID, "samples: 0 (at least one forward pass)");
+    if (n > 0 && (!block_ids || !errors))
+        return refuse(c, err, PRISM_ERR_INVALID, "%s: NULL with n %zu", !block_ids ? "block_ids" : "errors", n);
+    s = check_block_ids(c, block_ids, n, "n", err);
+    if (s != PRISM_OK)
+        return s;
+    for (size_t i = 0; i < n; i++)
+        if (isnan(errors[i]) || errors[i] < 0)
+            return refuse(c, err, PRISM_ERR_INVALID, "errors[%zu]: %g is not a relative error (>= 0)", i, errors[i]);
+    s = ready_to_send(c, err);
+    if (s != PRISM_OK) {
+        c->n.calibrations_dropped++;
+        prism_error_prefix(err, "calibration dropped");
+        return s;
+    }
+    for (size_t i = 0; i < n; i++) {
+        c->be[i].block_id = block_ids[i];
+        c->be[i].relative_error = errors[i];
+        c->be_ptr[i] = &c->be[i];
+    }
+    Prism__V1__CalibrationReport report = PRISM__V1__CALIBRATION_REPORT__INIT;
+    report.fingerprint.len = PRISM_FINGERPRINT_BYTES;
+    report.fingerprint.data = c->fingerprint;
+    report.format = (Prism__V1__Precision)format;
+    report.samples = samples;
+    report.n_errors = n;
+    report.errors = c->be_ptr;
+    Prism__V1__AgentMessage msg = PRISM__V1__AGENT_MESSAGE__INIT;
+    msg.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_CALIBRATION;
+    msg.calibration = &report;
+    s = send_message(c, &msg, FRAME_CALIBRATION, err);
+    if (s != PRISM_OK && s != PRISM_ERR_UNAVAILABLE)
+        c->n.calibrations_dropped++;
+    if (s != PRISM_OK)
+        prism_error_prefix(err, "calibration dropped");
+    return s;
+}
+
+/* ---- the map ---------------------------------------------------------------------------- */
+
+uint64_t prism_client_begin_step(prism_client *c, uint64_t step)
+{
+    if (!c)
+        return 0;
+    poll_extension(c);
+    c->stepped = true;
+    c->last_step = step;
+    if (!c->hints.h) {
+        uint64_t now = now_ms();
+        if (now < c->next_hints_ms)
+            return c->view.map_version;
+        if (!open_hints(c)) {
+            c->next_hints_ms = now + c->interval_ms;
+            return c->view.map_version;
+        }
+    }
+    return read_map(c, step);
+}
+
+prism_precision prism_client_block_precision(const prism_client *c, uint32_t block)
+{
+    if (!c || !c->registered || block >= c->n_blocks)
+        return PRISM_PRECISION_BF16;
+    uint8_t p = c->prec[block];
+    return p < PRISM_PRECISION_COUNT ? (prism_precision)p : PRISM_PRECISION_BF16;
+}
+
+uint64_t prism_client_map_version(const prism_client *c)
+{
+    return c ? c->view.map_version : 0;
+}
+
+prism_status prism_client_get_state(const prism_client *c, prism_client_state *out, prism_error *err)
+{
+    if (!c || !out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: NULL", !c ? "client" : "out");
+    const prism_hints_view *v = &c->view;
+    memset(out, 0, sizeof *out);
+    out->map_version = v->map_version;
+    out->decided_step = v->decided_step;
+    out->effective_step = v->effective_step;
+    out->map_blocks = v->n_blocks;
+    out->registered = c->registered;
+    out->connected = c->fd >= 0;
+    out->hints_mapped = c->hints.h != NULL;
+    out->upstream_connected = v->upstream_connected;
+    out->calibration_needed = v->calibration_needed;
+    out->run_calibration = v->run_calibration;
+    out->calibration_samples = v->calibration_samples;
+    out->low_precision = (unsigned)v->low_precision < PRISM_PRECISION_COUNT ? v->low_precision : PRISM_PRECISION_BF16;
+    out->hints.map_version = v->hints.map_version;
+    out->hints.max_inflight_h2d = v->hints.max_inflight_h2d;
+    out->hints.max_inflight_d2h = v->hints.max_inflight_d2h;
+    out->hints.prefetch_window = v->hints.prefetch_window;
+    out->hints.suppress_prefetch_in_backward = v->hints.suppress_prefetch_in_backward != 0;
+    out->hints.suppress_prefetch_in_optimizer = v->hints.suppress_prefetch_in_optimizer != 0;
+    out->hints.vram_pressure_threshold = v->hints.vram_pressure_threshold;
+    return PRISM_OK;
+}
+
+prism_status prism_client_get_counters(const prism_client *c, prism_client_counters *out, prism_error *err)
+{
+    if (!c || !out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: NULL", !c ? "client" : "out");
+    *out = c->n;
+    return PRISM_OK;
+}
+
+const char *prism_client_last_error(const prism_client *c)
+{
+    return c ? c->last_error : "";
+}

@@ -1,0 +1,32 @@
+/* What client.c offers the other files of libprism's client (client_cuda.c) and nobody else:
+ * hidden symbols, not part of include/prism/client.h.
+ *
+ * An extension keeps its own state on the client and is polled at the start of every client
+ * call that may send (begin_step and the reports), so work it left on a GPU stream is sent once
+ * the stream got there, without anyone waiting for it. */
+#ifndef PRISM_AGENT_CLIENT_EXT_H
+#define PRISM_AGENT_CLIENT_EXT_H
+
+#include "prism/client.h"
+
+#define PRISM_CLIENT_HIDDEN __attribute__((visibility("hidden")))
+
+typedef struct prism_client_ext {
+    void *state;
+    void (*poll)(prism_client *c, void *state);
+    void (*destroy)(void *state); /* at prism_client_close */
+} prism_client_ext;
+
+/* The client's extension slot (one: the CUDA reports). */
+PRISM_CLIENT_HIDDEN prism_client_ext *prism_client_extension(prism_client *c);
+
+/* The checks every report makes (a client, a registered layout, ids in it at most once; ids NULL:
+ * 0 .. n-1), refused calls counted, as prism_client_report_step. */
+PRISM_CLIENT_HIDDEN prism_status prism_client_check_report(prism_client *c, const uint32_t *block_ids, size_t n,
+                                                           prism_error *err);
+
+/* Counts a report that was lost out of sight of the caller, with the reason kept for
+ * prism_client_last_error. */
+PRISM_CLIENT_HIDDEN void prism_client_note_dropped(prism_client *c, const char *why);
+
+#endif

@@ -1,0 +1,166 @@
+/* The shared-memory hint table (DESIGN 2, step 5): a file in a directory the agent shares with its
+ * trainer (the Kubernetes emptyDir), mapped by both. The agent is its one writer; the trainer's
+ * libprism reads it at the start of each step without a system call.
+ *
+ * Layout (all integers little-endian, the file is PRISM_HINTS_HEADER_BYTES + SLOTS * max_blocks):
+ *   a header (prism_hints_header), then PRISM_HINTS_SLOTS arrays of max_blocks precision bytes,
+ *   one per map slot.
+ * Versioned: `magic` and `layout_version` say what the file is; a reader refuses any other.
+ *
+ * Seqlock: the agent makes `seq` odd, writes, and makes it even again (release). A reader copies
+ * what it needs between two reads of `seq` and keeps the copy only when both are the same even
+ * number; it tries a bounded number of times and otherwise keeps its previous copy, so it never
+ * waits on the agent (a dead agent mid-write leaves `seq` odd: the trainer keeps its last map).
+ *
+ * Map slots: each PrecisionUpdate becomes a whole map in a slot, with its version and effective
+ * step. At the start of step s a reader uses the slot with the highest map_version whose
+ * effective_step <= s (none: version 0, every block bf16), so every rank switches at the start of
+ * the same step. Slots with a later effective step wait there. The agent writes a new map into an
+ * empty slot if there is one, else into the slot with the lowest version that is neither the one
+ * the trainer last applied (applied_version) nor the newest. Within a slot the agent first sets
+ * map_version to 0, then writes the bytes, then the version: a writer that dies mid-write leaves
+ * an empty slot, never a torn map.
+ *
+ * The trainer writes back, in its own cache line and under its own small seqlock (`applied_seq`),
+ * the map version it applied and the step it applied it at; the agent reads them to send Ack.
+ *
+ * One trainer per agent (the sidecar model). The file outlives the agent: a restarted agent finds
+ * it, keeps the maps in it (fail-static), makes an odd `seq` even, and bumps `generation`. A file
+ * of another kind, version or size is never reset in place (a trainer that has it mapped would
+ * fault on a shrunk file): the agent writes a new one beside it and renames it over the path, so
+ * the old inode lives on under the trainer's mapping until the trainer remaps
+ * (prism_hints_replaced). */
+#ifndef PRISM_AGENT_HINTS_H
+#define PRISM_AGENT_HINTS_H
+
+#include "prism/common.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define PRISM_HINTS_MAGIC 0x31544e4853495250ull /* "PRISHNT1" */
+#define PRISM_HINTS_LAYOUT_VERSION 1u
+#define PRISM_HINTS_SLOTS 4
+#define PRISM_HINTS_HEADER_BYTES 1024
+#define PRISM_HINTS_MAX_BLOCKS_LIMIT (1u << 20)
+
+typedef struct prism_hints_slot {
+    uint64_t map_version;    /* 0: empty */
+    uint64_t decided_step;
+    uint64_t effective_step;
+    uint32_t n_blocks;       /* precisions[0 .. n_blocks) are meaningful; others are bf16 */
+    uint32_t reserved;
+} prism_hints_slot;
+
+/* RuntimeHints (proto) as the trainer reads them. */
+typedef struct prism_runtime_hints {
+    uint64_t map_version;
+    uint32_t max_inflight_h2d;
+    uint32_t max_inflight_d2h;
+    uint32_t prefetch_window;
+    uint32_t suppress_prefetch_in_backward;  /* 0 or 1 */
+    uint32_t suppress_prefetch_in_optimizer; /* 0 or 1 */
+    uint32_t reserved;
+    double vram_pressure_threshold;
+} prism_runtime_hints;
+
+typedef struct prism_hints_header {
+    uint64_t magic;
+    uint32_t layout_version;
+    uint32_t max_blocks;          /* bytes per slot */
+    uint64_t file_bytes;
+    uint64_t generation;          /* +1 each time an agent opens the file */
+    _Alignas(64) _Atomic uint64_t seq; /* the agent's seqlock */
+    /* Everything from here to applied_seq is written by the agent under seq. */
+    uint64_t agent_pid;
+    uint32_t upstream_connected;  /* 1 while the agent has a Welcome on a live stream */
+    uint32_t calibration_needed;  /* 1: prismd asked for calibration (Welcome) */
+    uint32_t calibration_samples; /* from the job's config */
+    uint32_t low_precision;       /* prism_precision, from the job's config */
+    uint32_t run_calibration;     /* from the job's config */
+    uint32_t reserved0;
+    prism_runtime_hints hints;
+    prism_hints_slot slots[PRISM_HINTS_SLOTS];
+    /* Written by the trainer, read by the agent. */
+    _Alignas(64) _Atomic uint64_t applied_seq;
+    uint64_t applied_version;     /* map_version the trainer uses */
+    uint64_t applied_step;        /* the step it started using it at */
+    uint64_t trainer_pid;
+} prism_hints_header;
+
+_Static_assert(sizeof(prism_hints_header) <= PRISM_HINTS_HEADER_BYTES, "hint table header too big");
+/* Two processes share the seqlocks: they must be plain lock-free words, not a library lock. */
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "hint table seqlocks need lock-free 64-bit atomics");
+
+/* A mapped table, from either side. */
+typedef struct prism_hints {
+    prism_hints_header *h;
+    uint8_t *precisions; /* PRISM_HINTS_SLOTS * max_blocks bytes after the header */
+    size_t bytes;
+    int fd;              /* open while mapped (h != NULL) */
+} prism_hints;
+
+/* ---- the agent's side ---- */
+
+/* Opens path (creating it, mode 0660) for writing. An existing file with the same magic, layout
+ * version and max_blocks keeps its slots (fail-static across agent restarts); anything else is
+ * reset to an empty table (every block bf16, version 0). Bumps generation, sets agent_pid. */
+prism_status prism_hints_create(prism_hints *t, const char *path, uint32_t max_blocks, prism_error *err);
+
+/* Writes a whole map (precisions[i] for block i, n_blocks of them, at most max_blocks) into a
+ * free slot (see the slot rule above), under the seqlock. Blocks past n_blocks read as bf16.
+ * map_version 0 or a precision byte that is not a prism_precision is PRISM_ERR_INVALID, n_blocks
+ * above max_blocks PRISM_ERR_LIMIT, a version not above every version already in the table
+ * PRISM_ERR_STATE; nothing is written then. */
+prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint64_t decided_step,
+                                     uint64_t effective_step, const uint8_t *precisions, uint32_t n_blocks,
+                                     prism_error *err);
+
+/* Agent-written scalar fields, each under the seqlock. */
+void prism_hints_set_status(prism_hints *t, bool upstream_connected, bool calibration_needed,
+                            bool run_calibration, uint32_t calibration_samples, prism_precision low_precision);
+void prism_hints_set_runtime(prism_hints *t, const prism_runtime_hints *hints);
+
+/* The trainer's last write-back; false when none consistent could be read. */
+bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint64_t *applied_step);
+
+/* ---- the trainer's side ---- */
+
+/* Maps an existing table read-write (only the applied_* fields are written). A missing file is
+ * PRISM_ERR_NOT_FOUND; a file of another kind or version PRISM_ERR_INVALID naming the field. */
+prism_status prism_hints_open(prism_hints *t, const char *path, prism_error *err);
+
+/* What a reader takes from the table at the start of a step. */
+typedef struct prism_hints_view {
+    uint64_t map_version;
+    uint64_t decided_step;
+    uint64_t effective_step;
+    uint32_t n_blocks;
+    bool upstream_connected;
+    bool calibration_needed;
+    bool run_calibration;
+    uint32_t calibration_samples;
+    prism_precision low_precision;
+    prism_runtime_hints hints;
+} prism_hints_view;
+
+/* The map in effect at step `step`: fills *view and writes out[0 .. cap): the map's precisions
+ * for its first min(n_blocks, cap) blocks, bf16 for the rest (view->n_blocks is the map's own
+ * count). Tries the seqlock at most `tries` times (tries 0 counts as 1) and never waits; false
+ * when no consistent copy was had: *view is untouched but out may hold a torn copy, so a caller
+ * that must keep its previous map reads into a scratch array and swaps on success. */
+bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *view, uint8_t *out, uint32_t cap,
+                      unsigned tries);
+
+/* Records that the trainer uses map_version from step on. */
+void prism_hints_write_applied(prism_hints *t, uint64_t map_version, uint64_t step);
+
+/* True when path no longer names the file t has mapped (the agent replaced it, or it is gone):
+ * the caller should close and reopen. One stat(2); for the trainer's reconnect path, not for
+ * every step. */
+bool prism_hints_replaced(const prism_hints *t, const char *path);
+
+/* Unmaps and closes (either side). Safe on a zeroed struct. */
+void prism_hints_close(prism_hints *t);
+
+#endif

@@ -1,0 +1,333 @@
+"""The libprism client (include/prism/client.h) from Python: the trainer's side of the
+conversation with its prism-agent.
+
+    c = prism.Client(job_id="llama-7b-run3", rank=0, world_size=4, dir="/run/prism")
+    c.register("llama-7b@main", blocks=[("layers.0", [(4096, 4096), (4096,)]), ...])
+    for step in ...:
+        c.begin_step(step)                  # the map in effect at this step (no system call after)
+        c.precision(3)                      # "int8", "bf16", ...
+        ...
+        c.report_step(step, [[grads of block 0], [grads of block 1], ...], loss=2.9)
+
+Like the C client, nothing here ever blocks the training step or raises because the agent is
+missing: a report that cannot go out is dropped and counted (`counters()`); report_* return
+False then. Bad arguments raise PrismInvalidError (a ValueError).
+"""
+
+import ctypes
+
+from . import _lib
+from .kernels import block_tensors
+
+PRECISIONS = ("bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4")
+_GRANULARITIES = {"tensor": 0, "row": 1, "block": 2}
+
+FINGERPRINT_BYTES = 32
+
+
+class ClientOptions(ctypes.Structure):
+    _fields_ = [("dir", ctypes.c_char_p), ("socket_name", ctypes.c_char_p), ("hints_name", ctypes.c_char_p),
+                ("job_id", ctypes.c_char_p), ("rank", ctypes.c_uint32), ("world_size", ctypes.c_uint32),
+                ("reconnect_interval_ms", ctypes.c_uint32)]
+
+
+class QuantConfig(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int), ("granularity", ctypes.c_int), ("block_size", ctypes.c_uint32)]
+
+
+class BlockLayout(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("param_bytes_bf16", ctypes.c_uint64),
+                ("shape", ctypes.POINTER(ctypes.c_uint64)), ("shape_len", ctypes.c_size_t)]
+
+
+class ModelLayout(ctypes.Structure):
+    _fields_ = [("model_id", ctypes.c_char_p), ("quant", QuantConfig), ("blocks", ctypes.POINTER(BlockLayout)),
+                ("n_blocks", ctypes.c_uint32)]
+
+
+class RuntimeHints(ctypes.Structure):
+    _fields_ = [("map_version", ctypes.c_uint64), ("max_inflight_h2d", ctypes.c_uint32),
+                ("max_inflight_d2h", ctypes.c_uint32), ("prefetch_window", ctypes.c_uint32),
+                ("suppress_prefetch_in_backward", ctypes.c_bool), ("suppress_prefetch_in_optimizer", ctypes.c_bool),
+                ("vram_pressure_threshold", ctypes.c_double)]
+
+
+class ClientState(ctypes.Structure):
+    _fields_ = [("map_version", ctypes.c_uint64), ("decided_step", ctypes.c_uint64),
+                ("effective_step", ctypes.c_uint64), ("map_blocks", ctypes.c_uint32),
+                ("registered", ctypes.c_bool), ("connected", ctypes.c_bool), ("hints_mapped", ctypes.c_bool),
+                ("upstream_connected", ctypes.c_bool), ("calibration_needed", ctypes.c_bool),
+                ("run_calibration", ctypes.c_bool), ("calibration_samples", ctypes.c_uint32),
+                ("low_precision", ctypes.c_int), ("hints", RuntimeHints)]
+
+
+_COUNTER_NAMES = ("reports_sent", "reports_dropped", "calibrations_sent", "calibrations_dropped", "hellos_sent",
+                  "bytes_sent", "send_errors", "connects", "reconnects", "connect_failures", "disconnects",
+                  "hint_reads", "hint_read_failures", "hint_open_failures", "hint_remaps", "invalid_calls")
+
+
+class ClientCounters(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in _COUNTER_NAMES]
+
+
+_P = ctypes.POINTER
+_vp = ctypes.c_void_p
+_errp = _P(_lib.Error)
+_st = ctypes.c_int
+
+PROTOTYPES = {
+    "prism_client_open": (_st, [_P(ClientOptions), _P(_vp), _errp]),
+    "prism_client_close": (None, [_vp]),
+    "prism_model_fingerprint": (_st, [_P(ModelLayout), _P(ctypes.c_uint8), _errp]),
+    "prism_client_register": (_st, [_vp, _P(ModelLayout), _errp]),
+    "prism_client_fingerprint": (_st, [_vp, _P(ctypes.c_uint8), _errp]),
+    "prism_client_report_step": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(ctypes.c_uint32),
+                                       _P(_lib.GradStats), ctypes.c_size_t, _errp]),
+    "prism_client_report_step_cpu": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(_lib.Tensor),
+                                           _P(ctypes.c_size_t), _P(ctypes.c_uint32), ctypes.c_size_t, _errp]),
+    "prism_client_report_calibration": (_st, [_vp, ctypes.c_int, ctypes.c_uint32, _P(ctypes.c_uint32),
+                                              _P(ctypes.c_double), ctypes.c_size_t, _errp]),
+    "prism_client_begin_step": (ctypes.c_uint64, [_vp, ctypes.c_uint64]),
+    "prism_client_block_precision": (ctypes.c_int, [_vp, ctypes.c_uint32]),
+    "prism_client_map_version": (ctypes.c_uint64, [_vp]),
+    "prism_client_get_state": (_st, [_vp, _P(ClientState), _errp]),
+    "prism_client_get_counters": (_st, [_vp, _P(ClientCounters), _errp]),
+    "prism_client_last_error": (ctypes.c_char_p, [_vp]),
+}
+
+
+# include/prism/cuda.h, in a library built with CUDA: the stream is a cudaStream_t.
+CUDA_PROTOTYPES = {
+    "prism_client_report_step_cuda": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(_lib.Tensor),
+                                            _P(ctypes.c_size_t), _P(ctypes.c_uint32), ctypes.c_size_t, _vp, _errp]),
+}
+
+
+def _dll():
+    lib = _lib.load()
+    if not getattr(lib, "_client_declared", False):
+        for name, (restype, argtypes) in PROTOTYPES.items():
+            fn = getattr(lib.dll, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        for name, (restype, argtypes) in CUDA_PROTOTYPES.items():
+            fn = getattr(lib.dll, name, None)
+            if fn is not None:
+                fn.restype = restype
+                fn.argtypes = argtypes
+        lib._client_declared = True
+    return lib.dll
+
+
+def _precision_value(name, param):
+    if name not in PRECISIONS:
+        raise _lib.PrismInvalidError(_lib.Status.INVALID, f"{param}: {name!r} is not one of {', '.join(PRECISIONS)}")
+    return PRECISIONS.index(name)
+
+
+def _shape_words(shapes):
+    words = []
+    for s in shapes:
+        s = tuple(int(d) for d in s)
+        words.append(len(s))
+        words.extend(s)
+    return words
+
+
+class _Layout:
+    """The C layout and the Python objects its pointers point into (kept alive together)."""
+
+    def __init__(self, model_id, blocks, low_precision, granularity, block_size):
+        if granularity not in _GRANULARITIES:
+            raise _lib.PrismInvalidError(_lib.Status.INVALID,
+                                         f"granularity: {granularity!r} is not one of tensor, row, block")
+        self.names = []
+        self.shapes = []
+        n = len(blocks)
+        self.array = (BlockLayout * max(n, 1))()
+        for i, b in enumerate(blocks):
+            name, shapes = b[0], b[1]
+            nbytes = b[2] if len(b) > 2 else 2 * sum(_numel(s) for s in shapes)
+            encoded = name.encode("utf-8")
+            words = _shape_words(shapes)
+            arr = (ctypes.c_uint64 * max(len(words), 1))(*words)
+            self.names.append(encoded)
+            self.shapes.append(arr)
+            self.array[i] = BlockLayout(encoded, int(nbytes), arr, len(words))
+        self.model_id = model_id.encode("utf-8")
+        quant = QuantConfig(_precision_value(low_precision, "low_precision"), _GRANULARITIES[granularity],
+                            int(block_size))
+        self.layout = ModelLayout(self.model_id, quant, self.array, n)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def fingerprint(model_id, blocks, low_precision="int8", granularity="block", block_size=128):
+    """The layout's fingerprint (DESIGN 4.5, the encoding in include/prism/client.h) as 32 bytes.
+    blocks: [(name, [shape, ...]) or (name, [shape, ...], param_bytes_bf16)]."""
+    lay = _Layout(model_id, blocks, low_precision, granularity, block_size)
+    out = (ctypes.c_uint8 * FINGERPRINT_BYTES)()
+    err = _lib.Error()
+    _lib.raise_for(_dll().prism_model_fingerprint(ctypes.byref(lay.layout), out, ctypes.byref(err)), err)
+    return bytes(out)
+
+
+class Client:
+    """One trainer's connection to its agent (include/prism/client.h). Use from one thread."""
+
+    def __init__(self, job_id=None, rank=0, world_size=1, dir=None, reconnect_interval_ms=0):
+        dll = _dll()
+        opts = ClientOptions(dir.encode() if dir else None, None, None, job_id.encode() if job_id else None,
+                             int(rank), int(world_size), int(reconnect_interval_ms))
+        handle = _vp()
+        err = _lib.Error()
+        _lib.raise_for(dll.prism_client_open(ctypes.byref(opts), ctypes.byref(handle), ctypes.byref(err)), err)
+        self._c = handle
+        self._dll = dll
+        self._layout = None
+        self._n_blocks = 0
+
+    def close(self):
+        if self._c:
+            self._dll.prism_client_close(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+    def _handle(self):
+        if not self._c:
+            raise _lib.PrismError(_lib.Status.STATE, "the client is closed")
+        return self._c
+
+    def register(self, model_id, blocks, low_precision="int8", granularity="block", block_size=128):
+        """Registers the model: blocks [(name, [shape, ...]) or (name, shapes, param_bytes_bf16)],
+        ids in list order. Returns the fingerprint (32 bytes)."""
+        lay = _Layout(model_id, blocks, low_precision, granularity, block_size)
+        err = _lib.Error()
+        _lib.raise_for(self._dll.prism_client_register(self._handle(), ctypes.byref(lay.layout), ctypes.byref(err)),
+                       err)
+        self._layout = lay
+        self._n_blocks = len(blocks)
+        return self.fingerprint()
+
+    def fingerprint(self):
+        out = (ctypes.c_uint8 * FINGERPRINT_BYTES)()
+        err = _lib.Error()
+        _lib.raise_for(self._dll.prism_client_fingerprint(self._handle(), out, ctypes.byref(err)), err)
+        return bytes(out)
+
+    def begin_step(self, step):
+        """Takes the map in effect at `step`; returns its version (0: none yet, all bf16)."""
+        return int(self._dll.prism_client_begin_step(self._handle(), int(step)))
+
+    def precision(self, block):
+        """The block's precision name in the map taken by the last begin_step."""
+        return PRECISIONS[self._dll.prism_client_block_precision(self._handle(), int(block))]
+
+    def precisions(self):
+        """Every registered block's precision, in id order."""
+        h = self._handle()
+        return [PRECISIONS[self._dll.prism_client_block_precision(h, b)] for b in range(self._n_blocks)]
+
+    def map_version(self):
+        return int(self._dll.prism_client_map_version(self._handle()))
+
+    def _sent(self, status, err):
+        if status == _lib.Status.UNAVAILABLE:
+            return False
+        _lib.raise_for(status, err)
+        return True
+
+    def report_stats(self, step, stats, loss=None, block_ids=None):
+        """Sends statistics already computed: stats is a list of dicts (l2_norm, max_abs, mean,
+        variance, numel, nonfinite), block_ids their ids (default 0..n-1). False: dropped."""
+        n = len(stats)
+        ids = list(range(n)) if block_ids is None else [int(b) for b in block_ids]
+        arr = (_lib.GradStats * max(n, 1))()
+        for i, s in enumerate(stats):
+            arr[i] = _lib.GradStats(float(s["l2_norm"]), float(s["max_abs"]), float(s["mean"]),
+                                    float(s["variance"]), int(s["numel"]), int(s["nonfinite"]))
+        id_arr = (ctypes.c_uint32 * max(n, 1))(*ids)
+        loss_p = ctypes.byref(ctypes.c_double(float(loss))) if loss is not None else None
+        err = _lib.Error()
+        st = self._dll.prism_client_report_step(self._handle(), int(step), loss_p, id_arr, arr, n, ctypes.byref(err))
+        return self._sent(st, err)
+
+    def report_step(self, step, blocks, loss=None, block_ids=None):
+        """Computes each block's gradient statistics with Prism's kernels where the gradients are
+        and sends them. blocks: a list, one per block, of lists of arrays or tensors, all in host
+        memory or all on one CUDA device. Host memory: computed now, then sent; False means
+        dropped. CUDA: queued on torch's current stream and sent by a later call of this client
+        once the GPU got there (prism_client_report_step_cuda); False means dropped."""
+        device, tensors, block_start = block_tensors(blocks)
+        n = len(blocks)
+        id_arr = None if block_ids is None else (ctypes.c_uint32 * max(n, 1))(*[int(b) for b in block_ids])
+        loss_p = ctypes.byref(ctypes.c_double(float(loss))) if loss is not None else None
+        err = _lib.Error()
+        if device is None:
+            st = self._dll.prism_client_report_step_cpu(self._handle(), int(step), loss_p, tensors, block_start,
+                                                        id_arr, n, ctypes.byref(err))
+            return self._sent(st, err)
+        fn = getattr(self._dll, "prism_client_report_step_cuda", None)
+        if fn is None:
+            raise _lib.PrismError(_lib.Status.UNAVAILABLE, f"{_lib.load().path} was built without CUDA")
+        import torch
+        with torch.cuda.device(device):
+            stream = torch.cuda.current_stream().cuda_stream
+            st = fn(self._handle(), int(step), loss_p, tensors, block_start, id_arr, n, stream, ctypes.byref(err))
+        return self._sent(st, err)
+
+    def report_calibration(self, fmt, samples, errors):
+        """errors: {block_id: relative_error} measured in fmt over `samples` passes. False: dropped."""
+        ids = sorted(errors)
+        id_arr = (ctypes.c_uint32 * max(len(ids), 1))(*ids)
+        val = (ctypes.c_double * max(len(ids), 1))(*[float(errors[b]) for b in ids])
+        err = _lib.Error()
+        st = self._dll.prism_client_report_calibration(self._handle(), _precision_value(fmt, "format"), int(samples),
+                                                       id_arr, val, len(ids), ctypes.byref(err))
+        return self._sent(st, err)
+
+    def state(self):
+        """What the client knows as of the last begin_step, as a dict."""
+        s = ClientState()
+        err = _lib.Error()
+        _lib.raise_for(self._dll.prism_client_get_state(self._handle(), ctypes.byref(s), ctypes.byref(err)), err)
+        h = s.hints
+        return {
+            "map_version": s.map_version, "decided_step": s.decided_step, "effective_step": s.effective_step,
+            "map_blocks": s.map_blocks, "registered": s.registered, "connected": s.connected,
+            "hints_mapped": s.hints_mapped, "upstream_connected": s.upstream_connected,
+            "calibration_needed": s.calibration_needed, "run_calibration": s.run_calibration,
+            "calibration_samples": s.calibration_samples,
+            "low_precision": PRECISIONS[s.low_precision] if 0 <= s.low_precision < len(PRECISIONS) else "int8",
+            "hints": {"map_version": h.map_version, "max_inflight_h2d": h.max_inflight_h2d,
+                      "max_inflight_d2h": h.max_inflight_d2h, "prefetch_window": h.prefetch_window,
+                      "suppress_prefetch_in_backward": h.suppress_prefetch_in_backward,
+                      "suppress_prefetch_in_optimizer": h.suppress_prefetch_in_optimizer,
+                      "vram_pressure_threshold": h.vram_pressure_threshold},
+        }
+
+    def counters(self):
+        c = ClientCounters()
+        err = _lib.Error()
+        _lib.raise_for(self._dll.prism_client_get_counters(self._handle(), ctypes.byref(c), ctypes.byref(err)), err)
+        return {name: int(getattr(c, name)) for name in _COUNTER_NAMES}
+
+    def last_error(self):
+        msg = self._dll.prism_client_last_error(self._handle())
+        return msg.decode("utf-8", "replace") if msg else ""
