@@ -12,6 +12,7 @@
  * bytes as fast as memcpy moves the same number. The target is >= 0.80 on the CPU and >= 0.85 on
  * the GPU for >= 64 MiB, and >= 3x (CPU) or >= 2x (GPU) PyTorch eager. */
 #define _POSIX_C_SOURCE 200809L
+#include "bench.h"
 #include "prism/kernels.h"
 #ifdef PRISM_BENCH_CUDA
 #include "prism/cuda.h"
@@ -28,7 +29,7 @@
 
 #define MIB ((size_t)1 << 20)
 
-static double now_seconds(void)
+double bench_now_seconds(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -39,6 +40,8 @@ static void usage(FILE *to)
 {
     fprintf(to,
             "usage: prism-bench kernels [options]\n"
+            "       prism-bench transfer [options]   (block transfer per precision: see\n"
+            "                                        prism-bench transfer --help)\n"
             "\n"
             "Times every kernel (grad_stats, quantize, dequantize, dequantize_accumulate,\n"
             "relative_error) from --min-mib to --max-mib of input, doubling by 4, and prints\n"
@@ -177,23 +180,20 @@ static void copy_cpu(char *dst, const char *src, size_t len, int threads)
         pthread_join(ids[t], NULL);
 }
 
-/* The median of reps timings after one untimed warm-up; reps fills about `budget` seconds. */
-typedef int (*timed_fn)(void *ctx);
-
-static double median_time(timed_fn fn, void *ctx, double budget)
+double bench_median_time(bench_timed_fn fn, void *ctx, double budget)
 {
-    double t0 = now_seconds();
+    double t0 = bench_now_seconds();
     if (fn(ctx) != 0)
         return -1;
-    double once = now_seconds() - t0;
+    double once = bench_now_seconds() - t0;
     int reps = once > 0 ? (int)(budget / once) : 50;
     reps = reps < 3 ? 3 : (reps > 50 ? 50 : reps);
     double times[50];
     for (int r = 0; r < reps; r++) {
-        double s = now_seconds();
+        double s = bench_now_seconds();
         if (fn(ctx) != 0)
             return -1;
-        times[r] = now_seconds() - s;
+        times[r] = bench_now_seconds() - s;
     }
     for (int i = 1; i < reps; i++)
         for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
@@ -325,7 +325,7 @@ static int bench_cpu(size_t min_mib, size_t max_mib, const char *only, const tor
     for (size_t mib = min_mib; mib <= max_mib; mib *= 4) {
         b.n = mib * MIB / 2;
         cpu_ctx copy = {.src = (char *)b.x, .dst = copy_dst, .len = mib * MIB, .threads = threads};
-        double copy_s = median_time(cpu_copy_fn, &copy, budget);
+        double copy_s = bench_median_time(cpu_copy_fn, &copy, budget);
         double copy_gbps = 2.0 * (double)(mib * MIB) / copy_s / 1e9;
         for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
             const kernel_case *k = &kernels[i];
@@ -337,7 +337,7 @@ static int bench_cpu(size_t min_mib, size_t max_mib, const char *only, const tor
                 prism_quantize_cpu(&spec, &x, b.codes, b.scales, NULL, NULL);
             }
             cpu_ctx c = {.k = k, .b = &b};
-            double s = median_time(cpu_kernel_fn, &c, budget);
+            double s = bench_median_time(cpu_kernel_fn, &c, budget);
             if (s < 0)
                 return 1;
             print_row("cpu", k, mib, s, copy_gbps, torch_seconds(torch, k->name, "cpu", mib));
@@ -365,8 +365,10 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "transfer"))
+        return bench_transfer_main(argc, argv);
     if (strcmp(argv[1], "kernels") != 0) {
-        fprintf(stderr, "prism-bench: unknown benchmark '%s' (known: kernels)\n", argv[1]);
+        fprintf(stderr, "prism-bench: unknown benchmark '%s' (known: kernels, transfer)\n", argv[1]);
         return 2;
     }
     size_t min_mib = 1, max_mib = 1024;
