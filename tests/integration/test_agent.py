@@ -1,0 +1,328 @@
+#!/usr/bin/python3
+"""prism-agent on its own: its command line, its local socket against bad frames, its backoff
+while prismd is unreachable, /metrics, SIGTERM, and the hint table it keeps across its own
+restart (fail-static). Real processes (prismd, prism-agent), a real libprism client through the
+Python binding, raw frames on the Unix socket for what a client would never send. Every wait is
+bounded; every process is stopped on every path."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+BUILD = os.path.abspath(os.environ.get("PRISM_BUILD_DIR", "build"))
+SOURCE = os.path.abspath(os.environ.get("PRISM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
+sys.path.insert(0, os.path.join(BUILD, "python-gen"))
+sys.path.insert(0, os.path.join(SOURCE, "python"))
+
+import prism  # noqa: E402
+from prism.v1 import prism_pb2 as pb  # noqa: E402
+from prismtest import free_port, http_get, wait_for  # noqa: E402
+
+AGENT = os.path.join(BUILD, "agent", "prism-agent")
+PRISMD = os.path.join(BUILD, "service", "prismd")
+CONFIG = {"warmup_steps": 2, "update_interval_steps": 2, "history_window": 2, "apply_lag_steps": 2,
+          "min_steps_between_switches": 0}
+BLOCKS = [("b0", [(4, 4)]), ("b1", [(4, 4)]), ("b2", [(4, 4)]), ("b3", [(4, 4)])]
+
+
+def run(*args, timeout=20):
+    return subprocess.run([AGENT, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def frame(msg):
+    data = msg.SerializeToString()
+    return struct.pack("<I", len(data)) + data
+
+
+class Proc:
+    def __init__(self, argv, log):
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fd)
+        finally:
+            os.close(fd)
+        self.log = log
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                return self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+        return self.p.returncode
+
+    def text(self):
+        with open(self.log) as f:
+            return f.read()
+
+
+class AgentTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="prism-agent-test-")
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            p.stop(signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def prismd(self, grpc=None, http=None, config_values=None):
+        config = os.path.join(self.dir, "config.json")
+        with open(config, "w") as f:
+            json.dump(config_values or CONFIG, f)
+        grpc = grpc or f"127.0.0.1:{free_port()}"
+        http = http or f"127.0.0.1:{free_port()}"
+        p = Proc([PRISMD, "--grpc-listen", grpc, "--http-listen", http, "--data-dir", os.path.join(self.dir, "data"),
+                  "--config", config], os.path.join(self.dir, "prismd.log"))
+        p.grpc, p.http = grpc, http
+        self.procs.append(p)
+        wait_for("prismd", lambda: http_get(http, "/readyz")[0] == 200)
+        return p
+
+    def agent(self, prismd_target, *extra, name="agent"):
+        metrics = f"127.0.0.1:{free_port()}"
+        p = Proc([AGENT, "--prismd", prismd_target, "--dir", os.path.join(self.dir, "shared"), "--metrics-listen",
+                  metrics, "--device", "cpu", "--profile-budget-ms", "100", *extra],
+                 os.path.join(self.dir, f"{name}.log"))
+        p.metrics = metrics
+        self.procs.append(p)
+        wait_for("the agent's /readyz", lambda: http_get(metrics, "/readyz")[0] == 200)
+        return p
+
+    def metric(self, agent, name):
+        text = http_get(agent.metrics, "/metrics")[1]
+        m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
+        return float(m.group(1)) if m else None
+
+    def client(self, job="j1"):
+        c = prism.Client(job_id=job, rank=0, world_size=1, dir=os.path.join(self.dir, "shared"),
+                         reconnect_interval_ms=50)
+        c.register("m", BLOCKS)
+        return c
+
+    def stats(self, scale):
+        return [{"l2_norm": scale[b], "max_abs": scale[b], "mean": 0.0, "variance": 0.01, "numel": 16,
+                 "nonfinite": 0} for b in range(len(BLOCKS))]
+
+    # ---- the command line ----
+
+    def test_help_lists_every_option(self):
+        r = run("--help")
+        self.assertEqual(r.returncode, 0)
+        for opt in ("--prismd", "--dir", "--token-file", "--tls-ca", "--node", "--max-blocks", "--backoff-initial-ms",
+                    "--backoff-max-ms", "--heartbeat-ms", "--queue-bytes", "--max-message-bytes", "--metrics-listen",
+                    "--device", "--device-class", "--profile-budget-ms", "--log-level", "--help", "--version"):
+            self.assertIn(opt, r.stdout)
+        self.assertEqual(run("--version").stdout, "prism-agent 0.1.0\n")
+
+    def test_bad_options_name_the_option(self):
+        cases = [
+            (["--max-blocks", "0"], 'prism-agent: --max-blocks: "0" is not a whole number from 1 to 1048576\n'),
+            (["--nope"], "prism-agent: --nope: unknown option (see --help)\n"),
+            (["--dir"], "prism-agent: --dir: needs a value (see --help)\n"),
+            (["--metrics-listen", "localhost:80"],
+             'prism-agent: --metrics-listen: "localhost:80" is not ADDR:PORT (ADDR an IPv4 address a.b.c.d or an '
+             'IPv6 address in brackets such as [::1]; PORT 1-65535)\n'),
+            (["--device", "gpu"], 'prism-agent: --device: "gpu" is not auto, cpu or a CUDA device index\n'),
+            (["--backoff-initial-ms", "500", "--backoff-max-ms", "100"],
+             "prism-agent: --backoff-max-ms: 100 is below --backoff-initial-ms 500\n"),
+            (["--device-class", "a b"], 'prism-agent: --device-class: "a b" is not 1 to 63 letters, digits, '
+             "'-', '_' or '.'\n"),
+            (["--log-level", "loud"], 'prism-agent: --log-level: "loud" is not one of debug, info, warn, error\n'),
+            (["extra"], "prism-agent: extra: unexpected argument (options only; see --help)\n"),
+        ]
+        for args, message in cases:
+            r = run(*args)
+            self.assertEqual((r.returncode, r.stderr), (2, message), args)
+        r = run("--token-file", os.path.join(self.dir, "missing"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--token-file: ", r.stderr)
+        self.assertIn(os.path.join(self.dir, "missing"), r.stderr)
+
+    def test_second_agent_on_one_directory_is_refused(self):
+        self.agent("127.0.0.1:1")
+        r = run("--prismd", "127.0.0.1:1", "--dir", os.path.join(self.dir, "shared"), "--metrics-listen", "off",
+                "--device", "cpu", "--profile-budget-ms", "100")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("another prism-agent is listening there", r.stderr)
+
+    # ---- the local socket ----
+
+    def test_bad_frames_close_their_connection_and_nothing_else(self):
+        a = self.agent("127.0.0.1:1")
+        path = os.path.join(self.dir, "shared", "prism-agent.sock")
+        heartbeat = pb.AgentMessage(heartbeat=pb.Heartbeat(unix_time_ms=1))
+        bad = [struct.pack("<I", 3) + b"\xff\xff\xff",          # not an AgentMessage
+               struct.pack("<I", 0xFFFFFFFF),                     # longer than 64 MiB
+               frame(heartbeat),                                  # a kind trainers do not send
+               frame(pb.AgentMessage(hello=pb.Hello(rank=0)))]    # Hello without a job
+        for i, data in enumerate(bad):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(5)
+                s.connect(path)
+                s.sendall(data)
+                self.assertEqual(s.recv(16), b"", f"bad frame {i} did not close its connection")
+            wait_for(f"bad frame {i} counted",
+                     lambda: self.metric(a, "prism_agent_trainer_frames_rejected_total") == i + 1)
+        self.assertIn('reason="a frame longer than the 64 MiB limit"', a.text())
+        # The agent still serves a real client.
+        c = self.client()
+        self.assertTrue(c.report_stats(0, self.stats([1, 1, 1, 1])))
+        wait_for("the report", lambda: self.metric(a, "prism_agent_reports_received_total") == 1)
+        c.close()
+
+    # ---- prismd unreachable ----
+
+    def test_backoff_while_prismd_is_unreachable(self):
+        a = self.agent(f"127.0.0.1:{free_port()}", "--backoff-initial-ms", "100", "--backoff-max-ms", "400")
+        c = self.client()
+        for step in range(5):
+            c.report_stats(step, self.stats([1, 1, 1, 1]))
+        wait_for("attempts", lambda: (self.metric(a, "prism_agent_upstream_attempts_total") or 0) >= 3)
+        time.sleep(1.5)
+        attempts = self.metric(a, "prism_agent_upstream_attempts_total")
+        # 1.5 s more at waits of 50-400 ms (jitter x0.5-x1 of 100, 200, 400, 400...): 3 to 30 attempts more.
+        self.assertLessEqual(attempts, 3 + 30 + 5)
+        self.assertLessEqual(self.metric(a, "prism_agent_upstream_backoff_seconds"), 0.4)
+        self.assertGreaterEqual(self.metric(a, "prism_agent_upstream_backoff_seconds"), 0.05)
+        self.assertEqual(self.metric(a, "prism_agent_upstream_connected"), 0)
+        text = http_get(a.metrics, "/metrics")[1]
+        self.assertIn('prism_agent_reports_dropped_total{reason="disconnected"} 5\n', text)
+        self.assertIn('msg="cannot reach prismd; keeping the last map"', a.text())
+        self.assertEqual(c.begin_step(5), 0)
+        c.close()
+
+    # ---- a whole round: map, ack, metrics, SIGTERM, restart ----
+
+    def test_map_ack_metrics_and_restart_keep_the_map(self):
+        d = self.prismd()
+        a = self.agent(d.grpc)
+        c = self.client()
+        wait_for("welcome", lambda: self.metric(a, "prism_agent_upstream_connected") == 1)
+        # Blocks 2 and 3 much quieter than 0 and 1: the first decision puts them low.
+        for step in range(3):
+            c.begin_step(step)
+            self.assertTrue(c.report_stats(step, self.stats([10, 10, 0.1, 0.1])))
+        wait_for("a map", lambda: self.metric(a, "prism_agent_map_version") == 1)
+        effective = int(self.metric(a, "prism_agent_map_effective_step"))
+        self.assertEqual(effective, 1 + CONFIG["apply_lag_steps"])
+        self.assertEqual(c.begin_step(effective - 1), 0, "the map was used before its effective step")
+        self.assertEqual(c.begin_step(effective), 1)
+        self.assertEqual(c.precisions(), ["bf16", "bf16", "int8", "int8"])
+        wait_for("the ack", lambda: http_get(a.metrics, "/metrics")[1].count(
+            'prism_agent_messages_sent_total{kind="ack"} 1\n'))
+        self.assertEqual(self.metric(a, "prism_agent_trainer_map_version"), 1)
+        self.assertEqual(self.metric(a, "prism_agent_trainer_map_step"), effective)
+
+        status, text = http_get(a.metrics, "/metrics")
+        self.assertEqual(status, 200)
+        for name in re.findall(r"^# TYPE (\S+) ", text, re.M):
+            self.assertTrue(name.startswith("prism_agent_"), name)
+            self.assertRegex(text, r"(?m)^%s(\{[^}]*\})? [0-9.e+-]+$" % re.escape(name))
+        self.assertEqual(http_get(a.metrics, "/healthz")[0], 200)
+        self.assertEqual(http_get(a.metrics, "/nope")[0], 404)
+
+        # SIGTERM: exit 0, the socket goes, the hint table stays.
+        self.assertEqual(a.stop(), 0)
+        self.assertIn('msg="stopped"', a.text())
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "shared", "prism-agent.sock")))
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "shared", "prism-hints")))
+        self.assertEqual(c.begin_step(effective + 1), 1, "the trainer lost its map with the agent")
+
+        # prismd gone too: a restarted agent still hands the kept map on, and the trainer keeps it.
+        d.stop(signal.SIGKILL)
+        a2 = self.agent(d.grpc, name="agent2")
+        self.assertEqual(self.metric(a2, "prism_agent_map_version"), 1)
+        self.assertEqual(c.begin_step(effective + 2), 1)
+        self.assertEqual(c.precisions(), ["bf16", "bf16", "int8", "int8"])
+        # prismd back: the agent reconnects, the trainer's client comes back by itself, and
+        # the same map (version 1) is not written again.
+        self.prismd(grpc=d.grpc)
+        wait_for("the client reconnected", lambda: c.report_stats(9, self.stats([10, 10, 0.1, 0.1])))
+        wait_for("welcome after the restarts", lambda: self.metric(a2, "prism_agent_upstream_connected") == 1)
+        self.assertEqual(self.metric(a2, "prism_agent_maps_applied_total"), 0)
+        self.assertEqual(self.metric(a2, "prism_agent_reports_received_total"), 1)
+        self.assertEqual(c.counters()["reconnects"], 1)
+        c.close()
+        self.assertEqual(a2.stop(), 0)
+
+    # ---- prism.torch on top of it all ----
+
+    def test_torch_attachment_applies_the_map_to_the_weights_and_calibrates(self):
+        import torch
+        import prism.torch
+        d = self.prismd(config_values=dict(CONFIG, mode="static", force_int8_blocks=[1]))
+        self.agent(d.grpc)
+        torch.manual_seed(0)
+        blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+        pt = prism.torch.attach(blocks, job_id="t1", dir=os.path.join(self.dir, "shared"), model_id="t",
+                                reconnect_interval_ms=50)
+        x = torch.randn(4, 16)
+
+        def model():
+            return blocks[2](blocks[1](blocks[0](x)))
+
+        version = 0
+        for step in range(200):  # until the forced map is in effect (about 2 + 2 steps)
+            version = pt.begin_step(step)
+            if version:
+                break
+            model().sum().backward()
+            pt.end_step(step, loss=1.0)
+            time.sleep(0.02)
+        self.assertEqual(version, 1)
+        self.assertEqual(pt.precisions(), ["bf16", "int8", "bf16"])
+        masters = {b: [p.detach().clone() for p in blocks[b].parameters()] for b in range(3)}
+        # begin_step ran before the forward pass: block 1 has its int8 weights, exactly what the
+        # kernels give for quantize + dequantize; blocks 0 and 2 have theirs unchanged.
+        pt._restore_weights()
+        masters = {b: [p.detach().clone() for p in blocks[b].parameters()] for b in range(3)}
+        pt.begin_step(step)
+        for p, m in zip(blocks[1].parameters(), masters[1]):
+            flat = m.reshape(-1)
+            codes, scales = prism.quantize(flat, "int8", "block", 128)
+            want = prism.dequantize(codes, scales, "int8", flat.numel(), dtype="float32").reshape(m.shape)
+            self.assertTrue(torch.equal(p.detach(), want))
+            self.assertFalse(torch.equal(p.detach(), m))
+        for b in (0, 2):
+            for p, m in zip(blocks[b].parameters(), masters[b]):
+                self.assertTrue(torch.equal(p.detach(), m))
+        # end_step gives the optimizer the full-precision weights back, bit for bit.
+        model().sum().backward()
+        self.assertTrue(pt.end_step(step, loss=1.0))
+        for b in range(3):
+            for p, m in zip(blocks[b].parameters(), masters[b]):
+                self.assertTrue(torch.equal(p.detach(), m))
+
+        # Calibration: each block's output with int8 weights against bf16 ones, on its real inputs.
+        errors = pt.calibrate(model, samples=2, fmt="int8")
+        with torch.no_grad():
+            inputs = [x, blocks[0](x), blocks[1](blocks[0](x))]
+            for b in range(3):
+                w, bias = blocks[b].weight, blocks[b].bias
+                ref = torch.nn.functional.linear(inputs[b], w.to(torch.bfloat16).float(), bias.to(torch.bfloat16).float())
+                low = torch.nn.functional.linear(inputs[b], prism.torch.fake_quantize(w, "int8"),
+                                                 prism.torch.fake_quantize(bias, "int8"))
+                want = prism.relative_error(ref.reshape(-1).contiguous(), low.reshape(-1).contiguous())
+                self.assertEqual(errors[b], want, f"block {b}")
+                self.assertGreater(errors[b], 0)
+        for b in range(3):
+            for p, m in zip(blocks[b].parameters(), masters[b]):
+                self.assertTrue(torch.equal(p.detach(), m), "calibrate changed the weights")
+        self.assertEqual(pt.counters()["calibrations_sent"], 1)
+        pt.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
