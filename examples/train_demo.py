@@ -6,7 +6,9 @@ Each rank trains the same residual MLP of --blocks blocks on its own synthetic b
 gradients with torch.distributed (gloo over 127.0.0.1), and runs Prism around each step:
 begin_step (the map in effect, applied to the weights), end_step (gradient statistics to the
 agent), and calibration when prismd asks for it. Block i's branch is scaled by 2^-i, so the
-blocks' gradients differ by orders of magnitude and the policy has something to decide.
+blocks' gradients differ by orders of magnitude and the policy has something to decide; with
+--shift-step S the scales turn around at step S (block i gets 2^-(blocks-1-i)), so quiet blocks
+become sensitive and the map changes again, both ways, past the policy's hysteresis.
 
 Every step appends one JSON line to --log: step, loss, map_version, effective_step, the block
 precisions, and whether the client is connected. At the end it prints a summary line (JSON) with
@@ -30,7 +32,7 @@ class Block(torch.nn.Module):
     def __init__(self, width, scale):
         super().__init__()
         self.fc = torch.nn.Linear(width, width)
-        self.scale = scale
+        self.scale = scale  # a plain attribute: --shift-step changes it mid-run
 
     def forward(self, x):
         return x + self.scale * torch.tanh(self.fc(x))
@@ -61,6 +63,7 @@ def main():
     ap.add_argument("--dist-port", type=int, default=29500, help="gloo rendezvous port on 127.0.0.1")
     ap.add_argument("--log", default=None, help="JSON lines, one per step")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--shift-step", type=int, default=-1, help="turn the blocks' scales around at this step")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -78,6 +81,9 @@ def main():
     calibrations = 0
     for step in range(args.steps):
         t0 = time.monotonic()
+        if step == args.shift_step:
+            for i, layer in enumerate(model.layers):
+                layer.scale = 2.0 ** -(args.blocks - 1 - i)
         version = pt.begin_step(step)
         x = torch.randn(32, args.width, generator=gen)
         y = x @ target_w

@@ -4,6 +4,7 @@
  * change _lib.py and these figures together. x86-64 and aarch64 Linux (LP64) only. */
 #include "prism/client.h"
 #include "prism/kernels.h"
+#include "prism/transfer.h"
 
 #include <stddef.h>
 
@@ -54,3 +55,18 @@ PRISM_ABI(offsetof(prism_client_state, calibration_needed) == 32 && offsetof(pri
 PRISM_ABI(offsetof(prism_client_state, calibration_samples) == 36 && offsetof(prism_client_state, low_precision) == 40);
 PRISM_ABI(offsetof(prism_client_state, hints) == 48 && sizeof(prism_client_state) == 80);
 PRISM_ABI(sizeof(prism_client_counters) == 128); /* 16 uint64_t counters */
+
+/* include/prism/transfer.h, as python/prism/transfer.py declares it. */
+PRISM_ABI(offsetof(prism_transfer_options, backend) == 0 && offsetof(prism_transfer_options, device) == 4);
+PRISM_ABI(offsetof(prism_transfer_options, staging_buffers) == 8 &&
+          offsetof(prism_transfer_options, max_block_bytes) == 16);
+PRISM_ABI(offsetof(prism_transfer_options, quant) == 24 && offsetof(prism_transfer_options, conductor) == 32);
+PRISM_ABI(sizeof(prism_transfer_options) == 40);
+PRISM_ABI(offsetof(prism_transfer_ticket, seq) == 0 && offsetof(prism_transfer_ticket, verdict) == 8);
+PRISM_ABI(sizeof(prism_transfer_ticket) == 16);
+PRISM_ABI(offsetof(prism_transfer_counters, fetches) == 0 && offsetof(prism_transfer_counters, wire_bytes) == 40);
+PRISM_ABI(offsetof(prism_transfer_counters, bf16_bytes) == 80 && offsetof(prism_transfer_counters, prefetches) == 120);
+PRISM_ABI(offsetof(prism_transfer_counters, refused) == 128 && offsetof(prism_transfer_counters, demand_waits) == 168);
+PRISM_ABI(offsetof(prism_transfer_counters, demand_over_limit) == 176 &&
+          offsetof(prism_transfer_counters, prepares) == 184);
+PRISM_ABI(offsetof(prism_transfer_counters, nonfinite) == 192 && sizeof(prism_transfer_counters) == 200);

@@ -80,6 +80,7 @@ export PRISM_LIBRARY="$PWD/$B/lib/libprism.so"
 for r in $(seq 0 $((RANKS - 1))); do
     /usr/bin/python3 examples/train_demo.py --job "$JOB" --rank "$r" --world "$RANKS" --dir "$RUN/agent$r" \
         --steps "$STEPS" --step-ms "$STEP_MS" --dist-port "$DIST_PORT" --log "$RUN/trainer$r.jsonl" \
+        --shift-step $((STEPS / 2)) \
         > "$RUN/trainer$r.out" 2> "$RUN/trainer$r.log" &
     PIDS+=($!)
 done
@@ -99,7 +100,8 @@ while :; do
     running=0
     for p in "${TRAINERS[@]}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
     echo "---- $(date +%T)  $running/$RANKS trainers running"
-    "$B/service/prismctl" --server "http://$HTTP" blocks "$JOB" 2>&1 || true
+    "$B/service/prismctl" --server "http://$HTTP" blocks "$JOB" 2>/dev/null ||
+        echo "(no block map yet: the job appears with its first report)"
     [ "$running" -gt 0 ] || break
 done
 echo "the job finished; trainer summaries:"

@@ -6,3 +6,10 @@ if(PRISM_HAVE_CUDA)
   prism_test(test_transfer_cuda SOURCES unit/test_transfer_cuda.c LIBS prism_transfer CUDA::cudart)
   set_tests_properties(test_transfer_cuda PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED: no CUDA device")
 endif()
+
+# prism.Transfer from Python: the CPU backend against the kernels (the CUDA case skips without a GPU).
+if(NOT PRISM_SANITIZE OR IS_ABSOLUTE "${PRISM_LIBASAN}")
+  add_test(NAME test_python_transfer COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_transfer.py)
+  set_tests_properties(test_python_transfer PROPERTIES ENVIRONMENT "${PRISM_PY_TEST_ENV}"
+    REQUIRED_FILES "$<TARGET_FILE:prism>" TIMEOUT 300)
+endif()

@@ -14,6 +14,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 from ._lib import LibraryNotFoundError, PrismError, PrismInvalidError, Status  # noqa: E402
 from ._lib import load as load_library  # noqa: E402
 from .client import Client, fingerprint  # noqa: E402
+from .transfer import Transfer  # noqa: E402
 from .kernels import (  # noqa: E402
     Format,
     Layout,
@@ -34,7 +35,7 @@ from .kernels import (  # noqa: E402
 )
 
 __all__ = [
-    "Client", "fingerprint", "Format", "Layout", "LibraryNotFoundError", "PrismError", "PrismInvalidError", "Status",
+    "Client", "fingerprint", "Format", "Transfer", "Layout", "LibraryNotFoundError", "PrismError", "PrismInvalidError", "Status",
     "code_bytes", "dequantize", "dequantize_accumulate", "f32_to_fp8", "fp8_to_f32",
     "grad_stats", "grad_stats_blocks", "groups", "has_cuda", "layout", "library_path",
     "load_library", "qmax", "quantize", "relative_error",

@@ -15,10 +15,16 @@
 
 What each call does:
   begin_step  reads the hint table once (prism.Client.begin_step, no system call after it) and
-              applies each block's precision to its weights: a block at a low precision gets its
-              weights quantized and dequantized in that format (fake quantization, so the forward
-              and backward passes see exactly the values a quantized transfer would deliver); a
-              block at bf16 uses its weights unchanged.
+              applies each block's precision to its weights. A block at a low precision goes
+              through Prism's block transfer (prism.Transfer): its parameters, one after the other
+              in BF16, are a host block that is quantized in that format and fetched back as BF16,
+              and the parameters take those values. On a CUDA model that is the real transfer
+              (codes and scales copied host to device on the engine's streams, dequantized on the
+              GPU, torch's stream made to wait for it without the host waiting); on the CPU the
+              same engine dequantizes in host memory, which is fake quantization with exactly the
+              values a quantized transfer delivers. A block at bf16 keeps its weights unchanged.
+              Cost: each low block's weights cross to host memory once per step (they change at
+              every optimizer step), a device-to-host copy on a GPU.
   end_step    computes each block's gradient statistics with Prism's kernels where the gradients
               are and sends one StepReport, then puts the full-precision weights back, so the
               optimizer updates them (the gradient of the quantized weights is applied to the
@@ -38,12 +44,17 @@ import torch
 
 from . import kernels
 from .client import PRECISIONS, Client
+from .transfer import Transfer
 
 _LOW = ("int8", "fp8_e4m3", "fp8_e5m2", "int4")
 
 
 def _param_list(block):
     return [p for p in block.parameters() if p is not None]
+
+
+def _flat_bf16(tensors):
+    return torch.cat([t.detach().reshape(-1).to(torch.bfloat16) for t in tensors])
 
 
 def fake_quantize(w, fmt, granularity="block", block=128):
@@ -75,15 +86,29 @@ class Attachment:
         self.block_size = block_size
         self.low_precision = low_precision
         self.params = [_param_list(b) for b in self.blocks]
+        devices = {p.device for ps in self.params for p in ps}
+        if len(devices) > 1:
+            raise ValueError(f"attach: the blocks' parameters are on several devices: {sorted(map(str, devices))}")
+        self.device = devices.pop() if devices else torch.device("cpu")
         layout = [(self.names[i], [tuple(p.shape) for p in ps], 2 * sum(p.numel() for p in ps))
                   for i, ps in enumerate(self.params)]
         self.client = client or Client(job_id=job_id, rank=rank, world_size=world_size, dir=dir,
                                        reconnect_interval_ms=reconnect_interval_ms)
         self.fingerprint = self.client.register(model_id, layout, low_precision, granularity, block_size)
+        # Each block's weights as one BF16 block in a transfer engine (host memory; pinned on CUDA),
+        # and the destination its fetches land in (on the model's device).
+        numels = [sum(p.numel() for p in ps) for ps in self.params]
+        self.transfer = Transfer("cpu" if self.device.type == "cpu" else self.device,
+                                 max_block_bytes=2 * max(max(numels), 1), granularity=granularity, block=block_size)
+        self._dst = {}
+        for b, ps in enumerate(self.params):
+            if numels[b]:
+                self.transfer.add_block(b, _flat_bf16(ps).cpu())
+                self._dst[b] = torch.empty(numels[b], dtype=torch.bfloat16, device=self.device)
         self.applied = ["bf16"] * len(self.blocks)  # the precision each block's weights have now
         self.map_version = 0
         self.switches = []  # (step, map_version, precisions) each time the map in use changed
-        self.late_switches = 0  # maps first seen after their effective step had begun
+        self.late_switches = 0  # maps first used after a step at or past their effective step
         self._masters = {}  # block -> full-precision copies of its weights while they are quantized
         self._step = None
 
@@ -94,14 +119,14 @@ class Attachment:
         version = self.client.begin_step(step)
         precisions = self.client.precisions()
         if version != self.map_version:
-            state = self.client.state()
-            if state["effective_step"] < step and self.switches and version > self.map_version:
+            # Late: an earlier step already at or past this map's effective step ran on the old one.
+            if self._step is not None and self._step >= self.client.state()["effective_step"]:
                 self.late_switches += 1
             self.switches.append((step, version, list(precisions)))
             self.map_version = version
         self._step = step
         for b, p in enumerate(precisions):
-            if p in _LOW:
+            if p in _LOW and b in self._dst:
                 self._quantize_block(b, p)
         return version
 
@@ -109,14 +134,30 @@ class Attachment:
         """Each block's precision in the map taken by the last begin_step."""
         return self.client.precisions()
 
+    def _low_weights(self, b, fmt, masters):
+        """The block's weights as a transfer in fmt delivers them: the block in BF16 (its
+        parameters one after the other), quantized and dequantized by the transfer engine, back
+        in each parameter's dtype and shape."""
+        self.transfer.update_block(b, _flat_bf16(masters).cpu())
+        dst = self._dst[b]
+        ticket = self.transfer.fetch(b, fmt, dst)
+        if dst.is_cuda:
+            self.transfer.wait_stream(ticket)  # later work on torch's stream waits; the host does not
+        out, at = [], 0
+        for m in masters:
+            n = m.numel()
+            out.append(dst[at:at + n].view(m.shape).to(m.dtype))
+            at += n
+        return out
+
     def _quantize_block(self, b, fmt):
         with torch.no_grad():
             masters = self._masters.get(b)
             if masters is None:
                 masters = [p.detach().clone() for p in self.params[b]]
                 self._masters[b] = masters
-            for p, m in zip(self.params[b], masters):
-                p.copy_(fake_quantize(m, fmt, self.granularity, self.block_size))
+            for p, w in zip(self.params[b], self._low_weights(b, fmt, masters)):
+                p.copy_(w)
         self.applied[b] = fmt
 
     def _restore_weights(self):
@@ -177,13 +218,14 @@ class Attachment:
                 if not captured[b]:
                     continue
                 originals = [p.detach().clone() for p in self.params[b]]
+                low_weights = self._low_weights(b, fmt, originals) if b in self._dst else originals
                 total = 0.0
                 for args in captured[b]:
                     for p, o in zip(self.params[b], originals):
                         p.copy_(o.to(torch.bfloat16).to(o.dtype))
                     ref = _first_tensor(block(*args))
-                    for p, o in zip(self.params[b], originals):
-                        p.copy_(fake_quantize(o, fmt, self.granularity, self.block_size))
+                    for p, w in zip(self.params[b], low_weights):
+                        p.copy_(w)
                     low = _first_tensor(block(*args))
                     total += kernels.relative_error(ref.float().contiguous().reshape(-1),
                                                     low.float().contiguous().reshape(-1))
@@ -196,11 +238,17 @@ class Attachment:
     # ---- the rest ----
 
     def counters(self):
+        """The client's counters (reports sent, dropped, ...)."""
         return self.client.counters()
+
+    def transfer_counters(self):
+        """The transfer engine's counters (fetches and bytes per precision, ...)."""
+        return self.transfer.counters()
 
     def close(self):
         self._restore_weights()
         self.client.close()
+        self.transfer.close()
 
 
 def _first_tensor(out):

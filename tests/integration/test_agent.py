@@ -259,6 +259,20 @@ class AgentTest(unittest.TestCase):
 
     # ---- prism.torch on top of it all ----
 
+    @staticmethod
+    def as_transferred(tensors, fmt):
+        """The tensors as a block transfer in fmt delivers them, computed here with the kernels:
+        one BF16 block of them all, quantized per 128, dequantized to BF16, cut and cast back."""
+        import torch
+        flat = torch.cat([t.detach().reshape(-1).to(torch.bfloat16) for t in tensors])
+        codes, scales = prism.quantize(flat, fmt, "block", 128)
+        back = prism.dequantize(codes, scales, fmt, numel=flat.numel(), dtype="bfloat16")
+        out, at = [], 0
+        for t in tensors:
+            out.append(back[at:at + t.numel()].view(t.shape).to(t.dtype))
+            at += t.numel()
+        return out
+
     def test_torch_attachment_applies_the_map_to_the_weights_and_calibrates(self):
         import torch
         import prism.torch
@@ -285,16 +299,14 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(pt.precisions(), ["bf16", "int8", "bf16"])
         masters = {b: [p.detach().clone() for p in blocks[b].parameters()] for b in range(3)}
         # begin_step ran before the forward pass: block 1 has its int8 weights, exactly what the
-        # kernels give for quantize + dequantize; blocks 0 and 2 have theirs unchanged.
+        # kernels give for its parameters as one BF16 block, quantized and dequantized; blocks 0
+        # and 2 have theirs unchanged.
         pt._restore_weights()
         masters = {b: [p.detach().clone() for p in blocks[b].parameters()] for b in range(3)}
         pt.begin_step(step)
-        for p, m in zip(blocks[1].parameters(), masters[1]):
-            flat = m.reshape(-1)
-            codes, scales = prism.quantize(flat, "int8", "block", 128)
-            want = prism.dequantize(codes, scales, "int8", flat.numel(), dtype="float32").reshape(m.shape)
+        for p, want in zip(blocks[1].parameters(), self.as_transferred(masters[1], "int8")):
             self.assertTrue(torch.equal(p.detach(), want))
-            self.assertFalse(torch.equal(p.detach(), m))
+        self.assertFalse(torch.equal(blocks[1].weight.detach(), masters[1][0]))
         for b in (0, 2):
             for p, m in zip(blocks[b].parameters(), masters[b]):
                 self.assertTrue(torch.equal(p.detach(), m))
@@ -312,8 +324,7 @@ class AgentTest(unittest.TestCase):
             for b in range(3):
                 w, bias = blocks[b].weight, blocks[b].bias
                 ref = torch.nn.functional.linear(inputs[b], w.to(torch.bfloat16).float(), bias.to(torch.bfloat16).float())
-                low = torch.nn.functional.linear(inputs[b], prism.torch.fake_quantize(w, "int8"),
-                                                 prism.torch.fake_quantize(bias, "int8"))
+                low = torch.nn.functional.linear(inputs[b], *self.as_transferred([w, bias], "int8"))
                 want = prism.relative_error(ref.reshape(-1).contiguous(), low.reshape(-1).contiguous())
                 self.assertEqual(errors[b], want, f"block {b}")
                 self.assertGreater(errors[b], 0)

@@ -46,17 +46,20 @@ class StructLayout(unittest.TestCase):
     def test_ctypes_structs_match_the_offsets_and_sizes_asserted_in_lib_abi_c(self):
         with open(os.path.join(SOURCE, "lib", "abi.c")) as f:
             text = f.read()
-        from prism import client
+        from prism import client, transfer
         structs = {"prism_error": _lib.Error, "prism_tensor": _lib.Tensor,
                    "prism_quant_spec": _lib.QuantSpec, "prism_grad_stats": _lib.GradStats,
                    "prism_client_options": client.ClientOptions, "prism_quant_config": client.QuantConfig,
                    "prism_block_layout": client.BlockLayout, "prism_model_layout": client.ModelLayout,
                    "prism_client_runtime_hints": client.RuntimeHints, "prism_client_state": client.ClientState,
-                   "prism_client_counters": client.ClientCounters}
+                   "prism_client_counters": client.ClientCounters,
+                   "prism_transfer_options": transfer.TransferOptions, "prism_transfer_ticket": transfer.Ticket,
+                   "prism_transfer_counters": transfer.TransferCounters}
         offsets = re.findall(r"offsetof\((prism_\w+), (\w+)\) == (\d+)", text)
         sizes = re.findall(r"sizeof\((prism_\w+)\) == (\d+)", text)
-        # every field of the four kernel structs and of the client's (the counters by size: 16 u64)
-        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 4 + 4 + 7 + 13)
+        # every field of the four kernel structs, the client's (its counters by size: 16 u64) and
+        # transfer's
+        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 4 + 4 + 7 + 13 + 6 + 2 + 9)
         self.assertEqual(len(client.ClientCounters._fields_), 16)
         for struct, field, offset in offsets:
             self.assertEqual(getattr(structs[struct], field).offset, int(offset), (struct, field))
