@@ -63,6 +63,22 @@ prism_conductor_limits prism_conductor_default_limits(void)
     return l;
 }
 
+prism_conductor_limits prism_conductor_limits_from_hints(const prism_client_runtime_hints *h)
+{
+    if (!h || (h->map_version == 0 && h->max_inflight_h2d == 0 && h->max_inflight_d2h == 0 &&
+               h->prefetch_window == 0 && h->vram_pressure_threshold == 0 && !h->suppress_prefetch_in_backward &&
+               !h->suppress_prefetch_in_optimizer))
+        return prism_conductor_default_limits();
+    return (prism_conductor_limits){
+        .max_inflight_h2d = h->max_inflight_h2d,
+        .max_inflight_d2h = h->max_inflight_d2h,
+        .prefetch_window = h->prefetch_window,
+        .vram_pressure_threshold = h->vram_pressure_threshold,
+        .suppress_prefetch_in_backward = h->suppress_prefetch_in_backward,
+        .suppress_prefetch_in_optimizer = h->suppress_prefetch_in_optimizer,
+    };
+}
+
 prism_status prism_conductor_check_limits(const prism_conductor_limits *limits, prism_error *err)
 {
     if (!limits)

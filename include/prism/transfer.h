@@ -16,6 +16,7 @@
 #ifndef PRISM_TRANSFER_H
 #define PRISM_TRANSFER_H
 
+#include "prism/client.h"
 #include "prism/common.h"
 #include "prism/kernels.h"
 
@@ -103,6 +104,15 @@ typedef struct prism_conductor_request {
 
 /* prismd's defaults: 2 slots each way, a window of 2, threshold 0.8, both suppressions on. */
 prism_conductor_limits prism_conductor_default_limits(void);
+
+/* The limits prismd sent (RuntimeHints, as prism_client_get_state gives them from the hint
+ * table), field for field, so a trainer hands them to prism_conductor_set_limits at each step:
+ *   prism_client_state s; prism_client_get_state(client, &s, &err);
+ *   prism_conductor_limits l = prism_conductor_limits_from_hints(&s.hints);
+ *   prism_conductor_set_limits(conductor, &l, &err); prism_conductor_begin_step(conductor, step, &err);
+ * Hints that were never received (every field 0, map_version 0) give the defaults above, not
+ * "no transfers at all". */
+prism_conductor_limits prism_conductor_limits_from_hints(const prism_client_runtime_hints *hints);
 
 /* Checks every field's range; PRISM_ERR_INVALID names the first field out of range. */
 prism_status prism_conductor_check_limits(const prism_conductor_limits *limits, prism_error *err);

@@ -434,7 +434,43 @@ static void test_names(void)
     CU_ASSERT_STRING_EQUAL(prism_conductor_phase_name((prism_conductor_phase)3), "?");
 }
 
+/* The hints prismd sent, as the client reads them, become the limits field for field; hints
+ * never received give the defaults. */
+static void test_limits_from_the_hints_prismd_sent(void)
+{
+    prism_client_runtime_hints h = {.map_version = 3,
+                                    .max_inflight_h2d = 4,
+                                    .max_inflight_d2h = 1,
+                                    .prefetch_window = 6,
+                                    .suppress_prefetch_in_backward = true,
+                                    .suppress_prefetch_in_optimizer = false,
+                                    .vram_pressure_threshold = 0.7};
+    prism_conductor_limits l = prism_conductor_limits_from_hints(&h);
+    CU_ASSERT_EQUAL(l.max_inflight_h2d, 4);
+    CU_ASSERT_EQUAL(l.max_inflight_d2h, 1);
+    CU_ASSERT_EQUAL(l.prefetch_window, 6);
+    CU_ASSERT_EQUAL(l.vram_pressure_threshold, 0.7);
+    CU_ASSERT_TRUE(l.suppress_prefetch_in_backward);
+    CU_ASSERT_FALSE(l.suppress_prefetch_in_optimizer);
+    /* All zero but a map version: prismd said "nothing in flight, no prefetch". */
+    prism_client_runtime_hints zero = {.map_version = 1};
+    l = prism_conductor_limits_from_hints(&zero);
+    CU_ASSERT_EQUAL(l.max_inflight_h2d, 0);
+    CU_ASSERT_EQUAL(l.prefetch_window, 0);
+    /* Nothing received yet (or NULL): the defaults. */
+    prism_client_runtime_hints none = {0};
+    prism_conductor_limits d = prism_conductor_default_limits();
+    l = prism_conductor_limits_from_hints(&none);
+    CU_ASSERT_EQUAL(l.max_inflight_h2d, d.max_inflight_h2d);
+    CU_ASSERT_EQUAL(l.max_inflight_d2h, d.max_inflight_d2h);
+    CU_ASSERT_EQUAL(l.prefetch_window, d.prefetch_window);
+    CU_ASSERT_EQUAL(l.vram_pressure_threshold, d.vram_pressure_threshold);
+    l = prism_conductor_limits_from_hints(NULL);
+    CU_ASSERT_EQUAL(l.prefetch_window, d.prefetch_window);
+}
+
 static const prism_test_case cases[] = {
+    {"test_limits_from_the_hints_prismd_sent", test_limits_from_the_hints_prismd_sent},
     {"test_defaults_match_prismd", test_defaults_match_prismd},
     {"test_window_allows_distance_1_to_window", test_window_allows_distance_1_to_window},
     {"test_slots_refuse_when_h2d_in_flight_reach_the_limit", test_slots_refuse_when_h2d_in_flight_reach_the_limit},
