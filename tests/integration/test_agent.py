@@ -77,22 +77,27 @@ class AgentTest(unittest.TestCase):
             p.stop(signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def prismd(self, grpc=None, http=None, config_values=None):
+    def prismd(self, grpc=None, http=None, config_values=None, extra=()):
         config = os.path.join(self.dir, "config.json")
         with open(config, "w") as f:
             json.dump(config_values or CONFIG, f)
         grpc = grpc or f"127.0.0.1:{free_port()}"
         http = http or f"127.0.0.1:{free_port()}"
+        log = os.path.join(self.dir, "prismd.log")
+        started = 0
+        if os.path.exists(log):
+            with open(log) as f:
+                started = f.read().count('msg="listening"')
         p = Proc([PRISMD, "--grpc-listen", grpc, "--http-listen", http, "--data-dir", os.path.join(self.dir, "data"),
-                  "--config", config], os.path.join(self.dir, "prismd.log"))
+                  "--config", config, *extra], log)
         p.grpc, p.http = grpc, http
         self.procs.append(p)
-        wait_for("prismd", lambda: http_get(http, "/readyz")[0] == 200)
+        wait_for("prismd listening", lambda: p.text().count('msg="listening"') > started)
         return p
 
-    def agent(self, prismd_target, *extra, name="agent"):
+    def agent(self, prismd_target, *extra, name="agent", shared="shared"):
         metrics = f"127.0.0.1:{free_port()}"
-        p = Proc([AGENT, "--prismd", prismd_target, "--dir", os.path.join(self.dir, "shared"), "--metrics-listen",
+        p = Proc([AGENT, "--prismd", prismd_target, "--dir", os.path.join(self.dir, shared), "--metrics-listen",
                   metrics, "--device", "cpu", "--profile-budget-ms", "100", *extra],
                  os.path.join(self.dir, f"{name}.log"))
         p.metrics = metrics
@@ -105,8 +110,8 @@ class AgentTest(unittest.TestCase):
         m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
         return float(m.group(1)) if m else None
 
-    def client(self, job="j1"):
-        c = prism.Client(job_id=job, rank=0, world_size=1, dir=os.path.join(self.dir, "shared"),
+    def client(self, job="j1", shared="shared"):
+        c = prism.Client(job_id=job, rank=0, world_size=1, dir=os.path.join(self.dir, shared),
                          reconnect_interval_ms=50)
         c.register("m", BLOCKS)
         return c
@@ -256,6 +261,43 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(c.counters()["reconnects"], 1)
         c.close()
         self.assertEqual(a2.stop(), 0)
+
+    # ---- TLS and tokens ----
+
+    def test_tls_and_job_tokens(self):
+        cert, key = os.path.join(self.dir, "cert.pem"), os.path.join(self.dir, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=60)
+        tokens = {}
+        for name, value in (("a", "token-a\n"), ("b", "token-b")):
+            tokens[name] = os.path.join(self.dir, f"token-{name}")
+            with open(tokens[name], "w") as f:
+                f.write(value)
+        d = self.prismd(extra=("--tls-cert", cert, "--tls-key", key))
+        # The job's first agent brings its token over TLS: welcomed.
+        a = self.agent(d.grpc, "--tls-ca", cert, "--token-file", tokens["a"], name="agent-a", shared="a")
+        ca = self.client(shared="a")
+        ca.report_stats(0, self.stats([1, 1, 1, 1]))
+        wait_for("a welcome over TLS", lambda: self.metric(a, "prism_agent_upstream_connected") == 1)
+        # Another token for the same job: refused (PERMISSION_DENIED), never welcomed, retried.
+        b = self.agent(d.grpc, "--tls-ca", cert, "--token-file", tokens["b"], "--backoff-max-ms", "200",
+                       name="agent-b", shared="b")
+        cb = self.client(shared="b")
+        cb.report_stats(0, self.stats([1, 1, 1, 1]))
+        wait_for("refusals", lambda: (self.metric(b, "prism_agent_upstream_failures_total") or 0) >= 2)
+        self.assertEqual(self.metric(b, "prism_agent_upstream_welcomes_total"), 0)
+        self.assertIn("code=7", b.text())
+        self.assertIn("wrong or missing token", b.text())
+        # Plaintext against a TLS prismd: never welcomed either.
+        c = self.agent(d.grpc, "--token-file", tokens["a"], "--backoff-max-ms", "200", name="agent-c", shared="c")
+        cc = self.client(shared="c")
+        cc.report_stats(0, self.stats([1, 1, 1, 1]))
+        wait_for("failures", lambda: (self.metric(c, "prism_agent_upstream_failures_total") or 0) >= 2)
+        self.assertEqual(self.metric(c, "prism_agent_upstream_welcomes_total"), 0)
+        self.assertEqual(self.metric(a, "prism_agent_upstream_connected"), 1)
+        for cl in (ca, cb, cc):
+            cl.close()
 
     # ---- prism.torch on top of it all ----
 
