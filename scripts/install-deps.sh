@@ -9,6 +9,7 @@ PACKAGES=(
   libmicrohttpd-dev libsqlite3-dev python3
   libgrpc-dev protobuf-compiler python3-grpcio python3-protobuf prometheus libcurl4-openssl-dev zlib1g-dev wrk openssl
   python3-numpy python3-torch
+  libopenmpi-dev openmpi-bin
 )
 
 die() {

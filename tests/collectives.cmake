@@ -1,0 +1,47 @@
+# Tests of the quantized collectives (agent/collectives*.c, include/prism/collectives*.h):
+#   test_collectives         one process: the layout, the checks, the bytes of the wire and the
+#                            header checks, through a transport of its own (agent/ internals)
+#   test_collectives_mpi_N   the MPI backend under mpirun with N = 2, 3, 4 ranks: every format,
+#                            op, dtype, size and adversarial content against an FP64 reference and
+#                            an exact model of the algorithm, bit-identical results on all ranks
+#   test_collectives_nccl    the NCCL backend on one GPU against the MPI backend on one rank,
+#                            byte for byte (it skips without a device)
+prism_test(test_collectives SOURCES unit/test_collectives.c LIBS prism_coll)
+target_include_directories(test_collectives PRIVATE ${PROJECT_SOURCE_DIR}/agent)
+
+find_package(MPI REQUIRED COMPONENTS C)
+add_executable(test_collectives_mpi unit/test_collectives_mpi.c)
+target_link_libraries(test_collectives_mpi PRIVATE prism_coll_mpi MPI::MPI_C m)
+
+# Open MPI refuses to run as root, and more ranks than cores, unless told; shared memory
+# (vader) with its single-copy mechanism off, since containers often forbid the
+# process_vm_readv it uses, and TCP as the fallback. Other MPIs ignore these variables.
+set(PRISM_MPI_TEST_ENV
+  "OMPI_ALLOW_RUN_AS_ROOT=1" "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+  "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_btl=self,vader,tcp"
+  "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+if(PRISM_SANITIZE)
+  # Open MPI keeps memory to the end by design, and unloads its components before exit, after
+  # which their allocations have no names. So the test runs LeakSanitizer itself before
+  # MPI_Finalize (leak_check_at_exit=0), with Open MPI's libraries suppressed by name (and only
+  # those: a leak in Prism or the test is still an error).
+  set(PRISM_MPI_LSAN_SUPP ${CMAKE_CURRENT_BINARY_DIR}/collectives_mpi.lsan.supp)
+  file(WRITE ${PRISM_MPI_LSAN_SUPP}
+    "leak:libmpi.so\nleak:libopen-pal.so\nleak:libopen-rte.so\nleak:libpmix.so\nleak:libhwloc.so\n"
+    "leak:libevent\nleak:mca_\nleak:libucp\nleak:libucs\nleak:libfabric\nleak:libibverbs\n")
+  list(APPEND PRISM_MPI_TEST_ENV "LSAN_OPTIONS=suppressions=${PRISM_MPI_LSAN_SUPP}:leak_check_at_exit=0")
+endif()
+foreach(np 2 3 4)
+  add_test(NAME test_collectives_mpi_${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:test_collectives_mpi> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(test_collectives_mpi_${np} PROPERTIES ENVIRONMENT "${PRISM_MPI_TEST_ENV}" TIMEOUT 300)
+endforeach()
+
+if(TARGET prism_coll_nccl)
+  prism_test(test_collectives_nccl SOURCES unit/test_collectives_nccl.c
+    LIBS prism_coll_nccl prism_coll_mpi prism_cuda MPI::MPI_C CUDA::cudart)
+  set_tests_properties(test_collectives_nccl PROPERTIES
+    SKIP_REGULAR_EXPRESSION "SKIPPED: no CUDA device"
+    ENVIRONMENT "PRISM_BUILD_DIR=${CMAKE_BINARY_DIR};PRISM_SOURCE_DIR=${CMAKE_SOURCE_DIR};${PRISM_MPI_TEST_ENV}")
+endif()
