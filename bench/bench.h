@@ -15,4 +15,8 @@ double bench_median_time(bench_timed_fn fn, void *ctx, double budget);
 /* prism-bench transfer (bench_transfer.c). */
 int bench_transfer_main(int argc, char **argv);
 
+/* prism-bench allreduce (bench_allreduce.c), in builds with the MPI backend of the collectives
+ * (PRISM_BENCH_MPI). */
+int bench_allreduce_main(int argc, char **argv);
+
 #endif

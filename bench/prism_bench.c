@@ -42,6 +42,8 @@ static void usage(FILE *to)
             "usage: prism-bench kernels [options]\n"
             "       prism-bench transfer [options]   (block transfer per precision: see\n"
             "                                        prism-bench transfer --help)\n"
+            "       mpirun ... prism-bench allreduce [options]   (quantized all-reduce against\n"
+            "                                        MPI_Allreduce: see prism-bench allreduce --help)\n"
             "\n"
             "Times every kernel (grad_stats, quantize, dequantize, dequantize_accumulate,\n"
             "relative_error) from --min-mib to --max-mib of input, doubling by 4, and prints\n"
@@ -367,8 +369,16 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "transfer"))
         return bench_transfer_main(argc, argv);
+    if (!strcmp(argv[1], "allreduce")) {
+#ifdef PRISM_BENCH_MPI
+        return bench_allreduce_main(argc, argv);
+#else
+        fprintf(stderr, "prism-bench: allreduce: this build has no MPI backend of the collectives\n");
+        return 2;
+#endif
+    }
     if (strcmp(argv[1], "kernels") != 0) {
-        fprintf(stderr, "prism-bench: unknown benchmark '%s' (known: kernels, transfer)\n", argv[1]);
+        fprintf(stderr, "prism-bench: unknown benchmark '%s' (known: kernels, transfer, allreduce)\n", argv[1]);
         return 2;
     }
     size_t min_mib = 1, max_mib = 1024;
