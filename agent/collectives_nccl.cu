@@ -282,26 +282,6 @@ const prism_coll_backend nccl_backend = {
     nccl_destroy,
 };
 
-/* Makes `device` current for the length of a set-up call and puts the caller's device back. */
-struct DeviceScope {
-    int prev = -1;
-    bool changed = false;
-    prism_status enter(int device, prism_error *err)
-    {
-        PRISM_CUDA_CHECK(cudaGetDevice(&prev));
-        if (prev != device) {
-            PRISM_CUDA_CHECK(cudaSetDevice(device));
-            changed = true;
-        }
-        return PRISM_OK;
-    }
-    ~DeviceScope()
-    {
-        if (changed)
-            cudaSetDevice(prev);
-    }
-};
-
 prism_status make_impl(NcclImpl *m, int size, prism_error *err)
 {
     size_t bytes = ((size_t)size + 1) * sizeof(prism_coll_header);
@@ -325,7 +305,7 @@ extern "C" prism_status prism_coll_comm_from_nccl(ncclComm_t comm, prism_cuda_st
     NCCL_CHECK(comm, ncclCommUserRank(comm, &rank));
     NCCL_CHECK(comm, ncclCommCount(comm, &size));
     NCCL_CHECK(comm, ncclCommCuDevice(comm, &device));
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(device, err);
     if (st != PRISM_OK)
         return st;
@@ -351,7 +331,7 @@ extern "C" prism_status prism_coll_nccl_set_stream(prism_coll_comm *c, prism_cud
     cudaStream_t next = reinterpret_cast<cudaStream_t>(stream);
     if (next == m->stream)
         return PRISM_OK;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(m->device, err);
     if (st != PRISM_OK)
         return st;

@@ -31,26 +31,6 @@ struct Inflight {
     bool copy_seen;
 };
 
-/* Makes `device` current for the length of a call and puts the caller's device back. */
-struct DeviceScope {
-    int prev = -1;
-    bool changed = false;
-    prism_status enter(int device, prism_error *err)
-    {
-        PRISM_CUDA_CHECK(cudaGetDevice(&prev));
-        if (prev != device) {
-            PRISM_CUDA_CHECK(cudaSetDevice(device));
-            changed = true;
-        }
-        return PRISM_OK;
-    }
-    ~DeviceScope()
-    {
-        if (changed)
-            cudaSetDevice(prev);
-    }
-};
-
 /* cudaEventQuery as done / not yet / error. A not-ready answer is cleared from the runtime's
  * last-error slot, so that a later launch check does not report it. */
 prism_status event_done(cudaEvent_t e, bool *done, prism_error *err)
@@ -121,7 +101,7 @@ extern "C" prism_status transfer_cuda_create(int device, unsigned staging, size_
     if (device < 0 || device >= count)
         return prism_error_set(err, PRISM_ERR_INVALID, "device: %d is not a CUDA device (0 to %d)",
                                device, count - 1);
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     st = scope.enter(device, err);
     if (st != PRISM_OK)
         return st;
@@ -162,7 +142,7 @@ extern "C" void transfer_cuda_destroy(transfer_cuda *cu)
 {
     if (!cu)
         return;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     scope.enter(cu->device, NULL);
     if (cu->copy)
         cudaStreamSynchronize(cu->copy);
@@ -197,7 +177,7 @@ extern "C" void transfer_cuda_destroy(transfer_cuda *cu)
 extern "C" prism_status transfer_cuda_host_alloc(transfer_cuda *cu, size_t bytes, void **out,
                                                  prism_error *err)
 {
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;
@@ -207,7 +187,7 @@ extern "C" prism_status transfer_cuda_host_alloc(transfer_cuda *cu, size_t bytes
 
 extern "C" void transfer_cuda_host_free(transfer_cuda *cu, void *p)
 {
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     scope.enter(cu->device, NULL);
     cudaFreeHost(p);
 }
@@ -251,7 +231,7 @@ static prism_status queue_transfer(transfer_cuda *cu, const transfer_cuda_job *j
 extern "C" prism_status transfer_cuda_issue(transfer_cuda *cu, const transfer_cuda_job *job,
                                             prism_error *err)
 {
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;
@@ -285,7 +265,7 @@ extern "C" prism_status transfer_cuda_issue(transfer_cuda *cu, const transfer_cu
 extern "C" prism_status transfer_cuda_poll(transfer_cuda *cu, unsigned *copies_done, prism_error *err)
 {
     *copies_done = 0;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     size_t kept = 0;
     for (size_t i = 0; i < cu->n_inflight; i++) {
@@ -318,7 +298,7 @@ extern "C" prism_status transfer_cuda_poll(transfer_cuda *cu, unsigned *copies_d
 extern "C" prism_status transfer_cuda_wait_oldest_copy(transfer_cuda *cu, bool *waited, prism_error *err)
 {
     *waited = false;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;
@@ -346,7 +326,7 @@ extern "C" prism_status transfer_cuda_query(transfer_cuda *cu, uint64_t seq, boo
     Inflight *f = find(cu, seq);
     if (!f)
         return PRISM_OK;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;
@@ -358,7 +338,7 @@ extern "C" prism_status transfer_cuda_wait(transfer_cuda *cu, uint64_t seq, bool
     Inflight *f = find(cu, seq);
     if (!f)
         return PRISM_OK;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;
@@ -372,7 +352,7 @@ extern "C" prism_status transfer_cuda_wait_stream(transfer_cuda *cu, uint64_t se
     Inflight *f = find(cu, seq);
     if (!f)
         return PRISM_OK;
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;
@@ -382,7 +362,7 @@ extern "C" prism_status transfer_cuda_wait_stream(transfer_cuda *cu, uint64_t se
 
 extern "C" prism_status transfer_cuda_synchronize(transfer_cuda *cu, prism_error *err)
 {
-    DeviceScope scope;
+    prism_cuda_device_scope scope;
     prism_status st = scope.enter(cu->device, err);
     if (st != PRISM_OK)
         return st;

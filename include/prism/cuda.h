@@ -123,6 +123,29 @@ prism_status prism_cuda_error(prism_error *err, cudaError_t rc, const char *call
         if (prism_cuda_rc_ != cudaSuccess)                                                   \
             return prism_cuda_error(err, prism_cuda_rc_, #call, __FILE__, __LINE__);         \
     } while (0)
+#ifdef __cplusplus
+/* In .cu files: makes a device current for the length of a scope and puts the caller's device
+ * back when the scope ends, so a libprism call never leaves the caller on another device.
+ *   prism_cuda_device_scope scope; prism_status st = scope.enter(device, err); */
+struct prism_cuda_device_scope {
+    int prev = -1;
+    bool changed = false;
+    prism_status enter(int device, prism_error *err)
+    {
+        cudaError_t rc = cudaGetDevice(&prev);
+        if (rc == cudaSuccess && prev != device) {
+            rc = cudaSetDevice(device);
+            changed = rc == cudaSuccess;
+        }
+        return rc == cudaSuccess ? PRISM_OK : prism_cuda_error(err, rc, "cudaSetDevice", __FILE__, __LINE__);
+    }
+    ~prism_cuda_device_scope()
+    {
+        if (changed)
+            cudaSetDevice(prev);
+    }
+};
+#endif
 #endif
 
 #endif
