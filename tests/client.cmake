@@ -1,4 +1,4 @@
-# tests of agent/client: SHA-256 against the FIPS examples, the hint table (files, slots, the
+# tests of client/: SHA-256 against the FIPS examples, the hint table (files, slots, the
 # seqlock under a concurrent writer), and the libprism client against a test that plays the agent
 # with a real Unix socket and a real hint table.
 prism_test(test_sha256 SOURCES unit/test_sha256.c LIBS prism_client)

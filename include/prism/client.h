@@ -25,7 +25,7 @@
  *     prism_client_report_calibration
  *   prism_client_close
  *
- * The wire (agent/local.h): frames of a 4-byte little-endian length and a serialized
+ * The wire (client/local.h): frames of a 4-byte little-endian length and a serialized
  * prism.v1.AgentMessage, trainer to agent only. At most one frame is in flight: a frame the socket
  * took only part of is finished before anything else is written; a report that finds one still
  * unfinished is dropped. After a reconnection the unfinished frame is discarded (counted as

@@ -1,4 +1,4 @@
-/* The shared-memory hint table (agent/hints.h) on real files: an empty table reads as version 0
+/* The shared-memory hint table (client/hints.h) on real files: an empty table reads as version 0
  * with every block bf16; the reader switches exactly at a map's effective step; versions only go
  * up; the slot rule keeps the applied and the newest maps; files of another kind, version or size
  * are refused naming the field; a writer that died mid-write (odd seq) makes the reader give up

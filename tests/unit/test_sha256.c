@@ -1,4 +1,4 @@
-/* SHA-256 (agent/sha256.c) against FIPS 180-4's published examples ("abc", the 448-bit two-block
+/* SHA-256 (client/sha256.c) against FIPS 180-4's published examples ("abc", the 448-bit two-block
  * message, one million 'a') and the 896-bit message of the NIST example set, plus every message
  * length from 0 to 199 bytes (the padding's boundaries at 55, 56 and 64 bytes among them), hashed
  * in one piece and in odd-sized pieces, checked through one digest of all their digests that

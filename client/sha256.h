@@ -1,8 +1,8 @@
 /* SHA-256 (FIPS 180-4, section 6.2), for the calibration fingerprint (DESIGN 4.5). Written from
  * the standard; tested against its published examples. Not for secrets: nothing here is
  * constant-time or wiped after use. */
-#ifndef PRISM_AGENT_SHA256_H
-#define PRISM_AGENT_SHA256_H
+#ifndef PRISM_CLIENT_SHA256_H
+#define PRISM_CLIENT_SHA256_H
 
 #include <stddef.h>
 #include <stdint.h>

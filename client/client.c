@@ -1,5 +1,5 @@
 /* libprism's client (include/prism/client.h): the layout and its fingerprint, reports framed as
- * agent/local.h says on a non-blocking Unix socket, and the per-step copy of the hint table.
+ * local.h says on a non-blocking Unix socket, and the per-step copy of the hint table.
  *
  * Everything a report needs is allocated at prism_client_register, sized for the layout: the
  * protobuf-c message arrays, the duplicate-id stamps, the statistics of the _cpu variant and the

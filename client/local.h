@@ -10,8 +10,8 @@
  * The agent answers through the hint table only, never on the socket, so the trainer never has
  * to read. A frame longer than PRISM_LOCAL_MAX_FRAME, or one that does not parse, closes the
  * connection (the agent logs and counts it); the trainer reconnects and says Hello again. */
-#ifndef PRISM_AGENT_LOCAL_H
-#define PRISM_AGENT_LOCAL_H
+#ifndef PRISM_CLIENT_LOCAL_H
+#define PRISM_CLIENT_LOCAL_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -30,8 +30,8 @@
  * fault on a shrunk file): the agent writes a new one beside it and renames it over the path, so
  * the old inode lives on under the trainer's mapping until the trainer remaps
  * (prism_hints_replaced). */
-#ifndef PRISM_AGENT_HINTS_H
-#define PRISM_AGENT_HINTS_H
+#ifndef PRISM_CLIENT_HINTS_H
+#define PRISM_CLIENT_HINTS_H
 
 #include "prism/common.h"
 

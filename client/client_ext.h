@@ -4,8 +4,8 @@
  * An extension keeps its own state on the client and is polled at the start of every client
  * call that may send (begin_step and the reports), so work it left on a GPU stream is sent once
  * the stream got there, without anyone waiting for it. */
-#ifndef PRISM_AGENT_CLIENT_EXT_H
-#define PRISM_AGENT_CLIENT_EXT_H
+#ifndef PRISM_CLIENT_CLIENT_EXT_H
+#define PRISM_CLIENT_CLIENT_EXT_H
 
 #include "prism/client.h"
 
