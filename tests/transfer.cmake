@@ -1,4 +1,4 @@
-# Tests of agent/transfer: the Conductor's rules, the CPU backend against the kernels, and the
+# Tests of transfer/: the Conductor's rules, the CPU backend against the kernels, and the
 # CUDA backend against the CPU one (it skips without a device).
 prism_test(test_conductor SOURCES unit/test_conductor.c LIBS prism_transfer)
 prism_test(test_transfer SOURCES unit/test_transfer.c LIBS prism_transfer)

@@ -1,10 +1,10 @@
-/* The CUDA half of the transfer engine (agent/transfer_cuda.cu), seen from agent/transfer.c:
+/* The CUDA half of the transfer engine (transfer_cuda.cu), seen from transfer.c:
  * streams, staging buffers, pinned memory and the events behind tickets. transfer.c keeps the
  * blocks, their images, the counters and the Conductor's slots; it calls in here only in a build
  * with CUDA (PRISM_TRANSFER_HAVE_CUDA). Internal: no prism_ prefix, so nothing here is exported from
  * libprism.so. */
-#ifndef PRISM_AGENT_TRANSFER_CUDA_H
-#define PRISM_AGENT_TRANSFER_CUDA_H
+#ifndef PRISM_TRANSFER_TRANSFER_CUDA_H
+#define PRISM_TRANSFER_TRANSFER_CUDA_H
 
 #include "prism/transfer.h"
 

@@ -1,4 +1,4 @@
-/* The CUDA half of the transfer engine (agent/transfer_cuda.h): two streams, the staging buffers
+/* The CUDA half of the transfer engine (transfer_cuda.h): two streams, the staging buffers
  * and the events that order them, and the transfers in flight.
  *
  * Order of one quantized transfer into staging buffer k, all on the device:
