@@ -1,13 +1,13 @@
-# Tests of the quantized collectives (agent/collectives*.c, include/prism/collectives*.h):
+# Tests of the quantized collectives (collectives/, include/prism/collectives*.h):
 #   test_collectives         one process: the layout, the checks, the bytes of the wire and the
-#                            header checks, through a transport of its own (agent/ internals)
+#                            header checks, through a transport of its own (collectives/ internals)
 #   test_collectives_mpi_N   the MPI backend under mpirun with N = 2, 3, 4 ranks: every format,
 #                            op, dtype, size and adversarial content against an FP64 reference and
 #                            an exact model of the algorithm, bit-identical results on all ranks
 #   test_collectives_nccl    the NCCL backend on one GPU against the MPI backend on one rank,
 #                            byte for byte (it skips without a device)
 prism_test(test_collectives SOURCES unit/test_collectives.c LIBS prism_coll)
-target_include_directories(test_collectives PRIVATE ${PROJECT_SOURCE_DIR}/agent)
+target_include_directories(test_collectives PRIVATE ${PROJECT_SOURCE_DIR}/collectives)
 
 find_package(MPI REQUIRED COMPONENTS C)
 add_executable(test_collectives_mpi unit/test_collectives_mpi.c)

@@ -7,8 +7,8 @@
  * and a transport (MPI, NCCL). The core decides every byte and every rounding: which rows go
  * where, the order of the sums, AVG, the requantization; a backend only carries out the steps it
  * is given, so both backends put the same bytes on the wire and give the same results. */
-#ifndef PRISM_AGENT_COLLECTIVES_INTERNAL_H
-#define PRISM_AGENT_COLLECTIVES_INTERNAL_H
+#ifndef PRISM_COLLECTIVES_COLLECTIVES_INTERNAL_H
+#define PRISM_COLLECTIVES_COLLECTIVES_INTERNAL_H
 
 #include "prism/collectives.h"
 
