@@ -3,13 +3,14 @@
  * It validates the default policy configuration for new jobs (--config, through the policy
  * core), creates its data directory and holds an exclusive lock on it so that two prismd never
  * share one, serves prism.v1.PolicyService over gRPC (rpc.c: Connect, GetBlockMap, Watch, driven
- * by the policy thread that owns every job, jobs.c), and serves over HTTP (libmicrohttpd)
- * liveness (/healthz), readiness (/readyz) and the default configuration (/v1/config/defaults).
+ * by the policy thread that owns every job, jobs.c), and serves HTTP (http.c: libmicrohttpd,
+ * /healthz, /readyz, /v1/config/defaults, REST and /metrics through rest.c, events through
+ * events.c).
  * Logs are logfmt lines on stderr (common/log.c). SIGTERM or SIGINT ends every stream with UNAVAILABLE
  * and stops cleanly with exit status 0.
  *
  * Threads: the main thread parses, starts and then waits in sigwait(); the policy thread drives
- * the gRPC completion queue; libmicrohttpd's internal thread answers requests from a server
+ * the gRPC completion queue; libmicrohttpd's threads answer requests (http.c) from a server
  * struct that is immutable once the daemon has started.
  *
  * Exit status: 0 after a clean stop (and for --help, --version), 1 when the data directory, its
@@ -22,11 +23,11 @@
 #include "net.h"
 #include "prism/common.h"
 #include "events.h"
+#include "http.h"
 #include "rest.h"
 #include "rpc.h"
 #include "store.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -34,7 +35,6 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,9 +51,6 @@
 
 #define PRISMD_LOCK_NAME "prismd.lock"
 #define PRISMD_DATA_DIR_MODE 0750
-#define PRISMD_HTTP_TIMEOUT_S 30u
-#define PRISMD_HTTP_THREADS 2u /* libmicrohttpd threads: reads never wait for a change in flight */
-#define PRISMD_HTTP_CONNECTIONS 1024u /* open HTTP connections at most (event streams included) */
 
 /* ---------------------------------------------------------------------------------------------
  * Options: one table (name, argument, default, help) read by the parser, the defaults and --help.
@@ -480,406 +477,6 @@ static prism_status options_parse(prismd_options *opts, int argc, char **argv, p
 }
 
 /* ---------------------------------------------------------------------------------------------
- * HTTP routes: one table read by the request handler and by --help. */
-
-typedef struct prismd_server {
-    const char *data_dir;
-    char lock_path[PATH_MAX];
-    int lock_fd;
-    char *defaults_json; /* the policy config for new jobs, rendered once at start */
-    pthread_mutex_t http_error_lock;
-    char http_error[256]; /* first message libmicrohttpd logged, for the start-up error */
-    prismd_rest rest;     /* REST /v1 and /metrics, from the policy thread's snapshots */
-    prismd_events *events; /* server-sent events */
-} prismd_server;
-
-typedef struct prismd_reply {
-    unsigned int status;
-    char *body; /* owned: from json_dumps or strdup; or, with hold, the snapshot's */
-    const char *content_type; /* NULL: application/json */
-    prismd_snapshot *hold;    /* released once libmicrohttpd is done with body */
-    size_t body_len;          /* 0: strlen(body) */
-    bool gzip;                /* body is gzip-compressed */
-} prismd_reply;
-
-typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
-
-typedef struct prismd_route {
-    const char *path;
-    prismd_route_fn get;
-    const char *help;
-} prismd_route;
-
-#define PRISMD_ALLOWED_METHODS "GET, HEAD"
-
-/* Takes the reference to obj. */
-static void reply_json(prismd_reply *reply, unsigned int status, json_t *obj, size_t flags)
-{
-    reply->status = status;
-    reply->body = obj ? json_dumps(obj, flags) : NULL;
-    json_decref(obj);
-}
-
-/* The error body of DESIGN 6: {"error": {"code": "...", "message": "..."}}. */
-static void reply_error(prismd_reply *reply, unsigned int status, const char *code,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
-static void reply_error(prismd_reply *reply, unsigned int status, const char *code,
-                        const char *fmt, ...)
-{
-    char message[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
-    reply_json(reply, status,
-               json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", message),
-               JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (!reply->body) /* a message cut inside a multi-byte character: the code still goes out */
-        reply_json(reply, status, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", code),
-                   JSON_COMPACT);
-}
-
-static void route_healthz(const prismd_server *srv, prismd_reply *reply)
-{
-    (void)srv;
-    reply_json(reply, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), JSON_COMPACT);
-}
-
-/* Ready while this process still holds the lock on the data directory it was given (the lock
- * file at its path is the one we hold) and the directory is writable. */
-/* The policy thread loops at least every 100 ms; 2 s without a loop means it is not serving. */
-static bool policy_thread_alive(const prismd_server *srv)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    long long alive = atomic_load(&srv->rest.snapshots->policy_alive_ms);
-    long long now_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
-    return alive > 0 && now_ms - alive < 2000;
-}
-
-static void route_readyz(const prismd_server *srv, prismd_reply *reply)
-{
-    struct stat held, at_path;
-    if (srv->lock_fd < 0 || fstat(srv->lock_fd, &held) != 0)
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "data dir %s: the lock is not held", srv->data_dir);
-    else if (stat(srv->lock_path, &at_path) != 0 || at_path.st_dev != held.st_dev ||
-             at_path.st_ino != held.st_ino)
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "data dir %s: the lock file %s was removed or replaced", srv->data_dir,
-                    srv->lock_path);
-    else if (access(srv->data_dir, W_OK) != 0)
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "data dir %s is not writable: %s", srv->data_dir, strerror(errno));
-    else if (!policy_thread_alive(srv))
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "the policy thread has not run for over 2 s (starting, or stuck)");
-    else
-        reply_json(reply, MHD_HTTP_OK,
-                   json_pack("{s:s, s:s}", "status", "ready", "data_dir", srv->data_dir),
-                   JSON_COMPACT | JSON_PRESERVE_ORDER);
-}
-
-static void route_config_defaults(const prismd_server *srv, prismd_reply *reply)
-{
-    reply->status = MHD_HTTP_OK;
-    reply->body = strdup(srv->defaults_json);
-}
-
-static const prismd_route prismd_routes[] = {
-    {"/healthz", route_healthz, "liveness: 200 {\"status\":\"ok\"}"},
-    {"/readyz", route_readyz,
-     "readiness: 200 {\"status\":\"ready\",\"data_dir\":DIR} while the data dir lock is held, "
-     "DIR is writable and the policy thread (gRPC, store) is running, else 503"},
-    {"/v1/config/defaults", route_config_defaults,
-     "the policy config that new jobs start from (--config over the built-in defaults)"},
-};
-
-#define PRISMD_ROUTE_COUNT (sizeof prismd_routes / sizeof prismd_routes[0])
-
-static void format_client(struct MHD_Connection *conn, char *out, size_t size)
-{
-    snprintf(out, size, "?");
-    const union MHD_ConnectionInfo *info =
-        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (!info || !info->client_addr)
-        return;
-    char host[INET6_ADDRSTRLEN];
-    const struct sockaddr *sa = info->client_addr;
-    if (sa->sa_family == AF_INET) {
-        const struct sockaddr_in *sin = (const struct sockaddr_in *)(const void *)sa;
-        if (inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host))
-            snprintf(out, size, "%s:%u", host, (unsigned)ntohs(sin->sin_port));
-    } else if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)(const void *)sa;
-        if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host))
-            snprintf(out, size, "[%s]:%u", host, (unsigned)ntohs(sin6->sin6_port));
-    }
-}
-
-/* True when s is valid UTF-8 (JSON answers may quote it). */
-static bool utf8_valid(const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
-        if (n < 0 || (n == 1 && *p < 0xc2))
-            return false;
-        p++;
-        for (int i = 0; i < n; i++, p++)
-            if ((*p & 0xc0) != 0x80)
-                return false;
-    }
-    return true;
-}
-
-/* A request's body, gathered over the handler's calls. */
-typedef struct request_body {
-    char *data;
-    size_t len;
-    bool too_large;
-} request_body;
-
-#define PRISMD_BODY_MAX (1u << 20)
-
-static bool gather_body(request_body *b, const char *data, size_t n)
-{
-    if (b->too_large || b->len + n > PRISMD_BODY_MAX) {
-        b->too_large = true;
-        return true;
-    }
-    char *grown = realloc(b->data, b->len + n + 1);
-    if (!grown)
-        return false;
-    memcpy(grown + b->len, data, n);
-    b->data = grown;
-    b->len += n;
-    b->data[b->len] = '\0';
-    return true;
-}
-
-static void http_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
-                           enum MHD_RequestTerminationCode code)
-{
-    (void)cls;
-    (void)conn;
-    (void)code;
-    request_body *b = *req_cls;
-    if (b) {
-        free(b->data);
-        free(b);
-        *req_cls = NULL;
-    }
-}
-
-/* True when Accept-Encoding lists gzip (without q=0). */
-static bool accepts_gzip(struct MHD_Connection *conn)
-{
-    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING);
-    const char *g = v ? strstr(v, "gzip") : NULL;
-    return g && strncmp(g + 4, ";q=0", 4) != 0 && strncmp(g + 4, "; q=0", 5) != 0;
-}
-
-static void wake_events(void *events)
-{
-    prismd_events_wake(events);
-}
-
-static void release_snapshot(void *snapshot)
-{
-    prismd_snapshot_release(snapshot);
-}
-
-static const char *query_arg(void *ctx, const char *name)
-{
-    return MHD_lookup_connection_value(ctx, MHD_GET_ARGUMENT_KIND, name);
-}
-
-/* The token of "Authorization: Bearer TOKEN", or NULL. */
-static const char *bearer(struct MHD_Connection *conn)
-{
-    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!v || strncasecmp(v, "Bearer ", 7) != 0)
-        return NULL;
-    return v + 7;
-}
-
-/* libmicrohttpd's access handler. A GET or HEAD is answered on its first call; a request with
- * a body (PATCH, PUT, POST) once the whole body (at most 1 MiB) has arrived. */
-static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const char *url,
-                                   const char *method, const char *version,
-                                   const char *upload_data, size_t *upload_data_size,
-                                   void **req_cls)
-{
-    (void)version;
-    prismd_server *srv = cls;
-    bool with_body = strcmp(method, MHD_HTTP_METHOD_PATCH) == 0 || strcmp(method, MHD_HTTP_METHOD_PUT) == 0 ||
-                     strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-    request_body *body = *req_cls;
-    if (with_body && !body) {
-        body = calloc(1, sizeof *body);
-        if (!body)
-            return MHD_NO;
-        *req_cls = body;
-        return MHD_YES;
-    }
-    if (with_body && *upload_data_size) {
-        if (!gather_body(body, upload_data, *upload_data_size))
-            return MHD_NO;
-        *upload_data_size = 0;
-        return MHD_YES;
-    }
-    *upload_data_size = 0;
-    struct timespec started;
-    clock_gettime(CLOCK_MONOTONIC, &started);
-
-    size_t url_len = strlen(url);
-    char events_job[160] = "";
-    if (utf8_valid(url) && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
-        strcmp(url + url_len - 7, "/events") == 0 &&
-        prismd_rest_allowed(url)) {
-        const char *id = url + strlen("/v1/jobs/");
-        snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - 7 - strlen("/v1/jobs/")), id);
-        prismd_snapshot *snap = prismd_snapshots_get(srv->rest.snapshots);
-        bool known = snap && prismd_snapshot_find(snap, events_job);
-        prismd_snapshot_release(snap);
-        if (known) {
-            struct MHD_Response *stream = prismd_events_response(srv->events, conn, events_job);
-            if (!stream)
-                return MHD_NO;
-            enum MHD_Result queued = MHD_queue_response(conn, MHD_HTTP_OK, stream);
-            MHD_destroy_response(stream);
-            return queued;
-        }
-    }
-
-    bool bad_path = !utf8_valid(url);
-
-    const prismd_route *route = NULL;
-    for (size_t i = 0; i < PRISMD_ROUTE_COUNT && !bad_path; i++) {
-        if (strcmp(url, prismd_routes[i].path) == 0)
-            route = &prismd_routes[i];
-    }
-    bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
-                    strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    prismd_reply reply = {0};
-    const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
-    prismd_answer answer = {.accept_gzip = accepts_gzip(conn)};
-    if (bad_path) {
-        reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path is not valid UTF-8");
-    } else if (!allowed) {
-        reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
-                    url);
-    } else if (events_job[0]) {
-        reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
-    } else if (body && body->too_large) {
-        reply_error(&reply, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is over %u bytes",
-                    PRISMD_BODY_MAX);
-    } else if (route && readable) {
-        route->get(srv, &reply);
-    } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
-        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
-                               answer.gzip};
-    } else if (!route && body &&
-               prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
-                                  &answer)) {
-        reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
-                               answer.gzip};
-    } else {
-        reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
-                    "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
-    }
-
-    if (prism_log_threshold <= PRISM_LOG_DEBUG) {
-        char status[16], client[INET6_ADDRSTRLEN + 16];
-        snprintf(status, sizeof status, "%u", reply.status);
-        format_client(conn, client, sizeof client);
-        prism_log(PRISM_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
-                  "client", client, LOG_END);
-    }
-    if (!reply.body) {
-        prism_log(PRISM_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
-        return MHD_NO;
-    }
-    struct MHD_Response *resp;
-    size_t body_len = reply.body_len ? reply.body_len : strlen(reply.body);
-    if (reply.hold) {
-        resp = MHD_create_response_from_buffer_with_free_callback_cls(body_len, reply.body, release_snapshot,
-                                                                      reply.hold);
-        if (!resp)
-            prismd_snapshot_release(reply.hold);
-    } else {
-        resp = MHD_create_response_from_buffer(body_len, reply.body, MHD_RESPMEM_MUST_COPY);
-        free(reply.body);
-    }
-    if (!resp)
-        return MHD_NO;
-    enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                                 reply.content_type ? reply.content_type : "application/json");
-    if (ok == MHD_YES && reply.gzip)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
-    if (ok == MHD_YES && reply.hold)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
-    if (ok == MHD_YES && reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
-    if (ok == MHD_YES)
-        ok = MHD_queue_response(conn, reply.status, resp);
-    MHD_destroy_response(resp);
-    struct timespec done;
-    clock_gettime(CLOCK_MONOTONIC, &done);
-    prismd_http_observe(reply.status, (double)(done.tv_sec - started.tv_sec) +
-                                          (double)(done.tv_nsec - started.tv_nsec) / 1e9);
-    return ok;
-}
-
-static void http_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-
-/* libmicrohttpd's error logger: each message becomes a warn event; the first one is kept for
- * the start-up error ("Failed to bind to port ...: Address already in use"). */
-static void http_log(void *cls, const char *fmt, va_list ap)
-{
-    prismd_server *srv = cls;
-    char text[256];
-    vsnprintf(text, sizeof text, fmt, ap);
-    size_t n = strlen(text);
-    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r'))
-        text[--n] = '\0';
-    pthread_mutex_lock(&srv->http_error_lock);
-    if (!srv->http_error[0])
-        snprintf(srv->http_error, sizeof srv->http_error, "%s", text);
-    pthread_mutex_unlock(&srv->http_error_lock);
-    prism_log(PRISM_LOG_WARN, "microhttpd", "error", text, LOG_END);
-}
-
-/* Binds exactly the address given; dual stack only for an IPv6 address. */
-static struct MHD_Daemon *http_start(prismd_server *srv, const prismd_options *opts)
-{
-    unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
-    uint16_t port;
-    if (opts->http_addr.ss_family == AF_INET6) {
-        flags |= MHD_USE_DUAL_STACK;
-        port = ntohs(((const struct sockaddr_in6 *)&opts->http_addr)->sin6_port);
-    } else {
-        port = ntohs(((const struct sockaddr_in *)&opts->http_addr)->sin_port);
-    }
-    /* The logger goes first so that libmicrohttpd uses it for everything that follows. */
-    if (opts->tls_cert)
-        return MHD_start_daemon(flags | MHD_USE_TLS, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
-                                &http_log, srv, MHD_OPTION_HTTPS_MEM_CERT, opts->tls_cert, MHD_OPTION_HTTPS_MEM_KEY,
-                                opts->tls_key, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)&opts->http_addr,
-                                MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
-                                PRISMD_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S,
-                                MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL, MHD_OPTION_END);
-    return MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
-                            &http_log, srv, MHD_OPTION_SOCK_ADDR,
-                            (const struct sockaddr *)&opts->http_addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
-                            PRISMD_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S,
-                            MHD_OPTION_NOTIFY_COMPLETED,
-                            &http_completed, NULL, MHD_OPTION_END);
-}
-
-/* ---------------------------------------------------------------------------------------------
  * The data directory and its lock. */
 
 /* mkdir -p: creates every missing component with PRISMD_DATA_DIR_MODE (less the umask) and
@@ -972,26 +569,7 @@ static void print_usage(FILE *out)
         snprintf(tail, sizeof tail, "(default: %s)", o->default_value ? o->default_value : "");
         prism_help_entry(out, label, o->help, o->default_value ? tail : NULL);
     }
-    fprintf(out, "\nHTTP endpoints (JSON; errors as {\"error\":{\"code\",\"message\"}}):\n");
-    for (size_t i = 0; i < PRISMD_ROUTE_COUNT; i++) {
-        char label[64];
-        snprintf(label, sizeof label, "GET %s", prismd_routes[i].path);
-        prism_help_entry(out, label, prismd_routes[i].help, NULL);
-    }
-    static const char *const rest_routes[][2] = {
-        {"GET /v1/jobs", "jobs with step, map_version, agents connected, world_size"},
-        {"GET /v1/jobs/JOB/blocks", "the block map (precision, scores, last switch, forced) and the last decision's telemetry"},
-        {"GET /v1/jobs/JOB/blocks/ID", "one block with its recent switch history"},
-        {"GET /v1/jobs/JOB/config", "the job's policy config in force"},
-        {"PATCH /v1/jobs/JOB/config", "change config keys (validated in full; applies at the next decision)"},
-        {"PUT /v1/jobs/JOB/overrides", "{\"force_bf16_blocks\": [...], \"force_int8_blocks\": [...]} (next decision)"},
-        {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
-        {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
-        {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
-        {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
-    };
-    for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
-        prism_help_entry(out, rest_routes[i][0], rest_routes[i][1], NULL);
+    prismd_http_print_help(out);
     fprintf(out,
             "\n"
             "Changes need Authorization: Bearer TOKEN (the job's token, or the admin token) when the\n"
@@ -1006,6 +584,11 @@ static void print_usage(FILE *out)
             "\n"
             "Policy config keys (--config):\n");
     prism_config_print_help(out);
+}
+
+static void wake_events(void *events)
+{
+    prismd_events_wake(events);
 }
 
 /* Loads the policy config for new jobs into *cfg and renders it as JSON for /v1/config/defaults. */
@@ -1074,14 +657,9 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.rest.commands = &commands;
     srv.rest.data_dir = opts->data_dir;
     srv.rest.admin_token = opts->admin_token;
-    daemon = http_start(&srv, opts);
+    daemon = prismd_http_start(&srv, &opts->http_addr, opts->tls_cert, opts->tls_key, &err);
     if (!daemon) {
-        pthread_mutex_lock(&srv.http_error_lock);
-        char reason[sizeof srv.http_error];
-        snprintf(reason, sizeof reason, "%s",
-                 srv.http_error[0] ? srv.http_error : "libmicrohttpd could not start");
-        pthread_mutex_unlock(&srv.http_error_lock);
-        prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", reason,
+        prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", err.message,
                   LOG_END);
         goto out;
     }
