@@ -2,6 +2,7 @@
  * every changed map pushed to all agents and watchers of the job with the same effective step. */
 #define _POSIX_C_SOURCE 200809L
 #include "jobs.h"
+#include "stream.h"
 
 #include "idmap.h"
 #include "log.h"

@@ -1,6 +1,7 @@
 /* prismd's jobs: every job's policy, rank merge, agents and watchers, owned by the policy thread
  * alone (DESIGN 7). The gRPC layer (rpc.c) hands it decoded requests and gets back bytes to
- * send or a status to end a call with; nothing here knows about completion queues. */
+ * send or a status to end a call with; nothing here knows about completion queues. The jobs send
+ * on a call through stream.h, which rpc.c implements; they never include rpc.h. */
 #ifndef PRISMD_JOBS_H
 #define PRISMD_JOBS_H
 
@@ -9,13 +10,10 @@
 #include "prism/common.h"
 #include "snapshot.h"
 #include "store.h"
+#include "stream.h"
 
-typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, rpc.c */
 typedef struct prismd_job prismd_job;
 typedef struct prismd_jobs prismd_jobs;
-
-/* Queues one packed ServiceMessage (Connect) or PrecisionUpdate (Watch) on a stream; rpc.c. */
-void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len);
 
 /* What a call is bound to, kept by rpc.c inside its call state. */
 typedef struct prismd_peer {

@@ -1,4 +1,5 @@
-/* The gRPC server of prismd (rpc.h) on the gRPC core C API.
+/* The gRPC server of prismd (rpc.h) on the gRPC core C API, and the streams the jobs send on
+ * (stream.h).
  *
  * One policy thread drives one completion queue. Every call has a state struct (prismd_stream)
  * whose embedded tags are what the queue hands back, so an event names both the call and the
@@ -8,6 +9,7 @@
  * whose ranks went missing complete on their timeout. */
 #define _GNU_SOURCE
 #include "rpc.h"
+#include "stream.h"
 
 #include "log.h"
 

@@ -1,0 +1,18 @@
+/* A Connect or Watch call as the jobs see it: something to send packed messages on, and nothing
+ * else. rpc.c owns the calls (their state, outbound queues and completion tags) and implements
+ * this; jobs.c only sends. It is its own header so that the dependency runs one way: rpc.c drives
+ * the jobs through jobs.h, and jobs.c reaches back only through this interface, never rpc.h. */
+#ifndef PRISMD_STREAM_H
+#define PRISMD_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, defined in rpc.c */
+
+/* Queues one packed ServiceMessage (Connect) or PrecisionUpdate (Watch) on a stream, copying
+ * data; never blocks. A stream that is ending takes nothing, and one whose unsent bytes would
+ * pass the stream buffer (--stream-buffer-bytes) is cut off with RESOURCE_EXHAUSTED instead. */
+void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len);
+
+#endif
