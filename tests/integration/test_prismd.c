@@ -29,7 +29,7 @@
 
 #define PRISMD_BIN "service/prismd"
 #define POLL_MS 50
-#define READY_TRIES 100  /* 100 x 50 ms: 5 s for prismd to answer /healthz */
+#define READY_TRIES 200  /* 200 x 50 ms: 10 s for prismd to answer /readyz with 200 */
 #define STOP_TRIES 100   /* 100 x 50 ms: 5 s for prismd to exit after a signal */
 #define CLI_TIMEOUT_S 10 /* for runs that are expected to exit by themselves */
 #define HTTP_TIMEOUT_S 2
@@ -331,13 +331,15 @@ static int http_request(const prismd_proc *p, const char *method, const char *pa
     return 0;
 }
 
-/* Polls /healthz until it answers 200, at most READY_TRIES x POLL_MS, giving up early if the
- * process exits. */
-static bool prismd_wait_healthy(prismd_proc *p)
+/* Polls /readyz until it answers 200, at most READY_TRIES x POLL_MS, giving up early if the
+ * process exits; res keeps the last answer. Not /healthz: that answers 200 as soon as the HTTP
+ * server runs, while gRPC and the policy thread are still starting (/readyz turns 200 12 to 60 ms
+ * later on an idle 2-CPU machine, over 200 ms later under load), and every test wants a prismd
+ * that serves. */
+static bool prismd_wait_ready(prismd_proc *p, http_response *res)
 {
-    static http_response res;
     for (int i = 0; i < READY_TRIES && p->pid > 0; i++) {
-        if (http_request(p, "GET", "/healthz", &res) == 0 && res.status == 200)
+        if (http_request(p, "GET", "/readyz", res) == 0 && res->status == 200)
             return true;
         if (prismd_wait_exit(p, 1) >= 0)
             return false;
@@ -345,15 +347,18 @@ static bool prismd_wait_healthy(prismd_proc *p)
     return false;
 }
 
-/* Starts prismd and waits until it is healthy; on failure prints its log and stops it. */
+/* Starts prismd and waits until it is ready; on failure prints its last /readyz answer and its
+ * log, and stops it. */
 static bool prismd_start(prismd_proc *p, const char *const *extra)
 {
+    static http_response res;
     if (p->port == 0 || prismd_spawn(p, extra) != 0)
         return false;
-    if (prismd_wait_healthy(p))
+    if (prismd_wait_ready(p, &res))
         return true;
     char *log = prismd_log(p);
-    fprintf(stderr, "\nprismd did not become healthy; its log:\n%s\n", log);
+    fprintf(stderr, "\nprismd did not become ready (last /readyz: %d %s); its log:\n%s\n",
+            res.status, res.body, log);
     free(log);
     prismd_stop(p, SIGKILL);
     return false;
@@ -559,6 +564,8 @@ static void test_healthz_answers_200_status_ok(void)
     CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);
 }
 
+/* Once ready (prismd_start waits for it: the store open, gRPC listening, the policy thread
+ * running), prismd stays ready and says which data dir it serves. */
 static void test_readyz_answers_200_ready_with_data_dir(void)
 {
     prismd_proc p;
