@@ -388,6 +388,15 @@ static bool contains(const char *haystack, const char *needle)
     return haystack && strstr(haystack, needle) != NULL;
 }
 
+/* How many times needle occurs in haystack (not overlapping). */
+static int occurrences(const char *haystack, const char *needle)
+{
+    int n = 0;
+    for (const char *at = haystack; at && (at = strstr(at, needle)) != NULL; at += strlen(needle))
+        n++;
+    return n;
+}
+
 /* ------------------------------------------------------------------------------------------- */
 /* Command line */
 
@@ -875,7 +884,10 @@ static void test_stop_signals_exit_0_and_release_the_lock(void)
     }
 }
 
-/* Start-up and shutdown are logged at info; requests only at debug. Every line is logfmt. */
+/* Start-up and shutdown are logged at info; requests only at debug. Every line is logfmt. The
+ * request asked is /healthz, which prismd_start does not ask, so the one such line is this
+ * request's own; prismd writes it (one write, flushed) before it answers, and the log is read once
+ * prismd has exited. */
 static void test_logs_are_logfmt_with_requests_at_debug_only(void)
 {
     static const char *const levels[] = {"debug", "info"};
@@ -887,7 +899,8 @@ static void test_logs_are_logfmt_with_requests_at_debug_only(void)
             CU_FAIL("prismd did not start");
             return;
         }
-        CU_ASSERT_EQUAL(http_request(&p, "GET", "/readyz", &g_res), 0);
+        CU_ASSERT_EQUAL(http_request(&p, "GET", "/healthz", &g_res), 0);
+        CU_ASSERT_EQUAL(g_res.status, 200);
         CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);
         char *log = prismd_log(&p);
         char expected[1024];
@@ -897,8 +910,8 @@ static void test_logs_are_logfmt_with_requests_at_debug_only(void)
         CU_ASSERT_TRUE(contains(log, expected));
         CU_ASSERT_TRUE(contains(log, " level=info msg=\"starting\" version="));
         const char *request =
-            " level=debug msg=\"request\" method=GET path=/readyz status=200 client=127.0.0.1:";
-        CU_ASSERT_EQUAL(contains(log, request), i == 0);
+            " level=debug msg=\"request\" method=GET path=/healthz status=200 client=127.0.0.1:";
+        CU_ASSERT_EQUAL(occurrences(log, request), i == 0 ? 1 : 0);
         CU_ASSERT_FALSE(contains(log, " level=warn "));
         CU_ASSERT_FALSE(contains(log, " level=error "));
         int lines = 0;
