@@ -196,7 +196,9 @@ static const agent_option option_table[] = {
      "device to profile at start: a CUDA device index, cpu, or auto (device 0 when there is one)", 0, 0, 0},
     {"device-class", "NAME", NULL, set_device_class,
      "device class sent in the DeviceProfile (default: derived from the device's name)", 0, 0, 0},
-    {"profile-budget-ms", "MS", "1000", NULL, "time the device measurement at start may take",
+    {"profile-budget-ms", "MS", "1000", NULL,
+     "time the device measurement at start may take, its buffers' first touch included; past it only "
+     "the smallest runs are left (a few ms on a CPU). A smaller budget measures less precisely",
      offsetof(agent_options, profile_budget_ms), PRISM_PROFILE_BUDGET_MIN_MS, 60000},
     {"log-level", "LEVEL", "info", set_log_level,
      "least severe log event written to stderr: debug, info, warn, error", 0, 0, 0},

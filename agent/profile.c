@@ -2,24 +2,35 @@
  * (profile_cuda.cu) shares: the clock, the cost sweep and its line fit, the class name.
  *
  * The CPU profile, in the order it is measured, each part repeating until its share of the
- * budget (cpu_part_weight, of the time left: prism_profile_part_end) is spent:
+ * budget (cpu_part_weight, of the time left: prism_profile_part_end) is spent. Every buffer's
+ * first touch is inside the budget and sized by it: a first touch is not cheap everywhere (a
+ * virtual machine whose host maps memory in on demand takes 10 to 20 us a 4 KiB page, 0.4 to
+ * 0.8 s for the copy's 2 x 64 MiB, where a second pass over them takes 6 ms).
  *   copy       memcpy cut across every CPU this process may run on (the way the threaded kernels
  *              use them), of twice the last-level cache those CPUs hold together and at least
- *              64 MiB, at most 512 MiB: memory, not cache. h2d and d2h are this figure: on a CPU
- *              rank, "moving a block to the device" is this copy.
+ *              64 MiB, at most 512 MiB: memory, not cache. The buffers are first touched in
+ *              256 KiB chunks dealt round the threads, for at most half the part's share and at
+ *              least one chunk a thread, and the copy runs over the leading chunks that were
+ *              touched: a budget too small for the whole copies less, which may be cache. h2d and
+ *              d2h are this figure: on a CPU rank, "moving a block to the device" is this copy.
  *   matrices   C = A B, square, n from 64 doubling up to 1,024 while a multiply at the next n
- *              would take under a quarter of the time left; rows of C cut across the CPUs. BF16
+ *              would take under a quarter of the time left; the inputs and working copies of
+ *              each n are made (and first touched) just before it is timed, so a budget that
+ *              stops at n = 64 does not pay for 1,024; rows of C cut across the CPUs. BF16
  *              and FP16 inputs are converted to FP32 with prism_bf16_to_f32 / prism_f16_to_f32
  *              and multiplied with FP32 accumulation; INT8 is widened to INT16 and accumulated in
  *              INT32. The conversions are part of the time (they are what such a multiply costs).
  *              Portable C compiled for the baseline instruction set: an optimised BLAS does
  *              better, so these are lower bounds, alike for every CPU of a class. No FP8: 0.
  *   quantize   prism_quantize_cpu (INT8, blocks of 128, FP32 scales, nearest) of BF16 tensors of
- *              4 KiB to 16 MiB, fitted as a line (prism_profile_cost_sweep).
- *   cast       BF16 to FP32, the same sizes and fit: the exact conversion (the BF16 bits become the
- *              top half of the FP32 word, what prism_bf16_to_f32 does) written inline in a loop,
- *              on the caller's thread below 64 Ki elements and across the CPUs above, as a cast
- *              in a CPU training step is done.
+ *              4 KiB to 16 MiB, fitted as a line (prism_profile_cost_sweep). Input and output
+ *              are the copy's buffers, which the first touch left holding test values: the sizes
+ *              stop where the touched chunks do (at least one chunk a thread: up to 256 KiB).
+ *   cast       BF16 to FP32, the same sizes (up to half the touched bytes: the output is twice
+ *              the input) and fit: the exact conversion (the BF16 bits become the top half of the
+ *              FP32 word, what prism_bf16_to_f32 does) written inline in a loop, on the caller's
+ *              thread below 64 Ki elements and across the CPUs above, as a cast in a CPU training
+ *              step is done.
  *   memory     MemTotal from /proc/meminfo, lowered to the process's cgroup memory limit when
  *              there is one (a container's limit is what it can use). MemTotal, not MemAvailable:
  *              it is what the rank can plan with once training runs (the trainer has not
@@ -55,6 +66,9 @@
 #define COST_MIN_BYTES ((size_t)4 << 10)
 #define COST_MAX_BYTES ((size_t)16 << 20)
 #define CAST_THREAD_MIN ((size_t)1 << 16) /* elements below which a cast stays on one thread */
+#define TOUCH_CHUNK ((size_t)256 << 10) /* the copy buffers' first touch: chunk c goes to
+                                           thread c % threads, which reads the clock after each */
+#define PATTERN_HALVES 4096 /* test values repeated over src by its first touch */
 #define MAX_THREADS 64
 #define MAX_SWEEP_SIZES 32
 
@@ -62,15 +76,14 @@
 #define FIXED_SECONDS_FLOOR 1e-9
 #define SECONDS_PER_BYTE_FLOOR 1e-15
 
-/* The parts of the CPU profile, in order, and their shares of the budget. */
-enum { PART_COPY, PART_BF16, PART_FP16, PART_INT8, PART_QUANTIZE, PART_CAST, PARTS };
-static const double cpu_part_weight[PARTS] = {
-    [PART_COPY] = 0.15, /* and the buffers' first touch */
-    [PART_BF16] = 0.15,
-    [PART_FP16] = 0.15,
-    [PART_INT8] = 0.15,
-    [PART_QUANTIZE] = 0.25,
-    [PART_CAST] = 0.15,
+/* The shares of the budget of the CPU profile's parts. */
+static const double cpu_part_weight[PRISM_PROFILE_CPU_PARTS] = {
+    [PRISM_PROFILE_CPU_COPY] = 0.15, /* and the buffers' first touch */
+    [PRISM_PROFILE_CPU_BF16] = 0.15,
+    [PRISM_PROFILE_CPU_FP16] = 0.15,
+    [PRISM_PROFILE_CPU_INT8] = 0.15,
+    [PRISM_PROFILE_CPU_QUANTIZE] = 0.25,
+    [PRISM_PROFILE_CPU_CAST] = 0.15,
 };
 
 double prism_profile_clock(void)
@@ -412,6 +425,11 @@ static void run_parts(int parts, part_fn fn, void *ctx)
             pthread_join(ids[t], NULL);
 }
 
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
 /* [*lo, *hi): part's share of n items. */
 static void part_span(size_t n, int part, int parts, size_t *lo, size_t *hi)
 {
@@ -424,11 +442,13 @@ static void part_span(size_t n, int part, int parts, size_t *lo, size_t *hi)
 typedef prism_status (*rep_fn)(void *ctx, prism_error *err);
 
 /* Runs fn while another run, as long as the shortest so far, ends before deadline (at least
- * once); *best gets the shortest, in seconds, > 0. */
-static prism_status best_time(rep_fn fn, void *ctx, double deadline, double *best, prism_error *err)
+ * once), adding each run to *runs; *best gets the shortest, in seconds, > 0. */
+static prism_status best_time(rep_fn fn, void *ctx, double deadline, unsigned *runs, double *best,
+                              prism_error *err)
 {
     double shortest = INFINITY;
     do {
+        (*runs)++;
         double t0 = prism_profile_clock();
         prism_status st = fn(ctx, err);
         if (st != PRISM_OK)
@@ -528,13 +548,19 @@ typedef struct cpu_bufs {
     int threads;
     size_t copy_bytes;       /* COPY_BYTES_MIN to COPY_BYTES_MAX */
     char *src, *dst;         /* copy_bytes each; later the input and output of quantize and cast */
-    size_t filled;           /* leading BF16 elements of src holding test values */
     float *scales;           /* quantize's scales for COST_MAX_BYTES of BF16 */
     uint16_t *a16, *b16;     /* matrix inputs, n x n, up to MATMUL_N_MAX^2 each */
     int8_t *a8, *b8;
     float *af, *bf, *cf;     /* FP32 copies and result, rows of n + MATMUL_PAD (MATMUL_WORK) */
     int16_t *ai, *bi;        /* INT16 copies, the same */
     int32_t *ci;             /* INT32 result, the same */
+    size_t inputs_filled;    /* leading elements of a16, b16, a8, b8 holding test values */
+    uint64_t inputs_state;   /* random_half's state for the next of them */
+    double touch_end;        /* when the copy buffers' first touch stops */
+    size_t chunks[MAX_THREADS]; /* TOUCH_CHUNKs each thread touched */
+    size_t touched;          /* the leading bytes of src and dst touched: what the copy copies */
+    uint16_t pattern[PATTERN_HALVES]; /* what src is filled with: BF16 test values */
+    prism_profile_cpu_trace trace;
 } cpu_bufs;
 
 static void cpu_bufs_free(cpu_bufs *b)
@@ -588,23 +614,50 @@ static uint16_t random_half(uint64_t *state)
     return (uint16_t)(sign << 15 | exp << 7 | mant);
 }
 
+/* Chunk c (TOUCH_CHUNK bytes, fewer at the end) of src and dst is thread c % parts's, in the
+ * touch and in the copy alike: the pages a thread copies are those it touched first. */
 static void copy_part(void *ctx, int part, int parts)
 {
     cpu_bufs *b = ctx;
-    size_t lo, hi;
-    part_span(b->copy_bytes, part, parts, &lo, &hi);
-    memcpy(b->dst + lo, b->src + lo, hi - lo);
+    for (size_t at = (size_t)part * TOUCH_CHUNK; at < b->touched; at += (size_t)parts * TOUCH_CHUNK)
+        memcpy(b->dst + at, b->src + at, min_size(TOUCH_CHUNK, b->touched - at));
 }
 
 /* The first touch of the copy buffers, by the threads that copy them: the pages exist (and sit
- * near the CPUs that use them) before the copy is timed. */
+ * near the CPUs that use them) before anything is timed, and src holds test values (b->pattern
+ * over and over) for quantize and cast. The thread touches its chunks in order until it has
+ * none left or b->touch_end has passed (at least one), and counts them in b->chunks[part]. */
 static void touch_part(void *ctx, int part, int parts)
 {
     cpu_bufs *b = ctx;
-    size_t lo, hi;
-    part_span(b->copy_bytes, part, parts, &lo, &hi);
-    memset(b->src + lo, 1, hi - lo);
-    memset(b->dst + lo, 2, hi - lo);
+    size_t done = 0;
+    for (size_t at = (size_t)part * TOUCH_CHUNK; at < b->copy_bytes;
+         at += (size_t)parts * TOUCH_CHUNK) {
+        const size_t end = at + min_size(TOUCH_CHUNK, b->copy_bytes - at);
+        for (size_t p = at; p < end; p += sizeof b->pattern)
+            memcpy(b->src + p, b->pattern, min_size(sizeof b->pattern, end - p));
+        memset(b->dst + at, 0, end - at);
+        done++;
+        if (prism_profile_clock() >= b->touch_end)
+            break;
+    }
+    b->chunks[part] = done;
+}
+
+/* Touches the copy buffers until `touch_end` (touch_part) and sets b->touched to the leading
+ * chunks that every thread reached: at least one chunk a thread. */
+static void touch_copy_buffers(cpu_bufs *b, double touch_end)
+{
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < PATTERN_HALVES; i++)
+        b->pattern[i] = random_half(&state);
+    b->touch_end = touch_end;
+    run_parts(b->threads, touch_part, b);
+    /* Thread t's first chunk not touched is chunk chunks[t] * threads + t. */
+    size_t chunks = SIZE_MAX;
+    for (int t = 0; t < b->threads; t++)
+        chunks = min_size(chunks, b->chunks[t] * (size_t)b->threads + (size_t)t);
+    b->touched = chunks > b->copy_bytes / TOUCH_CHUNK ? b->copy_bytes : chunks * TOUCH_CHUNK;
 }
 
 static prism_status copy_rep(void *ctx, prism_error *err)
@@ -631,11 +684,6 @@ typedef struct matmul {
  * two apart would fall into the same cache sets. */
 #define MM_BK 128
 #define MM_BJ 256
-
-static size_t min_size(size_t a, size_t b)
-{
-    return a < b ? a : b;
-}
 
 static void matmul_f32_rows(const float *restrict a, const float *restrict b, float *restrict c,
                             size_t n, size_t ld, size_t lo, size_t hi)
@@ -736,6 +784,30 @@ static prism_status matmul_rep(void *ctx, prism_error *err)
     return PRISM_OK;
 }
 
+/* Makes an n x n multiply ready to time: the first n * n elements of the inputs hold test values
+ * (each element the same whatever n, from one random sequence), and the kind's working copies
+ * have had their first touch. Only what n needs: this grows with n^2, the multiply with n^3. */
+static void matmul_prepare(cpu_bufs *b, matmul_kind kind, size_t n)
+{
+    for (; b->inputs_filled < n * n; b->inputs_filled++) {
+        const size_t i = b->inputs_filled;
+        b->a16[i] = random_half(&b->inputs_state);
+        b->b16[i] = random_half(&b->inputs_state);
+        b->a8[i] = (int8_t)((int)(b->a16[i] % 255u) - 127);
+        b->b8[i] = (int8_t)((int)(b->b16[i] % 255u) - 127);
+    }
+    const size_t work = n * (n + MATMUL_PAD);
+    if (kind == MATMUL_INT8) {
+        memset(b->ai, 0, work * sizeof *b->ai);
+        memset(b->bi, 0, work * sizeof *b->bi);
+        memset(b->ci, 0, work * sizeof *b->ci);
+    } else {
+        memset(b->af, 0, work * sizeof *b->af);
+        memset(b->bf, 0, work * sizeof *b->bf);
+        memset(b->cf, 0, work * sizeof *b->cf);
+    }
+}
+
 static double matmul_ops(size_t n, double seconds)
 {
     const double d = (double)n;
@@ -745,26 +817,33 @@ static double matmul_ops(size_t n, double seconds)
 /* Operations per second of the kind's multiply, the best over the sizes tried: n doubles from
  * MATMUL_N_MIN while a multiply at the next n (about 8 times the best at this n, timed over up to
  * a sixteenth of the time left) would take under a quarter of the time left; the last n repeats
- * until the deadline. A size whose every repetition another process slowed down only stops the
- * doubling early; it does not make the figure. */
-static prism_status time_matmul(cpu_bufs *b, matmul_kind kind, double deadline, double *ops,
-                                prism_error *err)
+ * until the deadline (if it has not passed yet). A size whose every repetition another process
+ * slowed down only stops the doubling early; it does not make the figure. */
+static prism_status time_matmul(cpu_bufs *b, matmul_kind kind, prism_profile_cpu_part part,
+                                double deadline, double *ops, prism_error *err)
 {
     matmul m = {b, kind, MATMUL_N_MIN};
+    unsigned *runs = &b->trace.runs[part];
     double best = 0, t = 0;
     prism_status st;
     for (;;) {
+        matmul_prepare(b, kind, m.n);
+        b->trace.size[part] = m.n;
         const double now = prism_profile_clock();
-        if ((st = best_time(matmul_rep, &m, now + (deadline - now) / 16, &t, err)) != PRISM_OK)
+        if ((st = best_time(matmul_rep, &m, now + (deadline - now) / 16, runs, &t, err)) !=
+            PRISM_OK)
             return st;
         best = fmax(best, matmul_ops(m.n, t));
         if (m.n * 2 > MATMUL_N_MAX || 32 * t > deadline - prism_profile_clock())
             break;
         m.n *= 2;
     }
-    if ((st = best_time(matmul_rep, &m, deadline, &t, err)) != PRISM_OK)
-        return st;
-    *ops = fmax(best, matmul_ops(m.n, t));
+    if (prism_profile_clock() < deadline) {
+        if ((st = best_time(matmul_rep, &m, deadline, runs, &t, err)) != PRISM_OK)
+            return st;
+        best = fmax(best, matmul_ops(m.n, t));
+    }
+    *ops = best;
     return PRISM_OK;
 }
 
@@ -775,17 +854,6 @@ typedef struct cost_run {
     size_t numel; /* BF16 elements */
     int parts;    /* cast: threads */
 } cost_run;
-
-/* Makes the first numel BF16 elements of b->src test values (finite, |x| in [2^-7, 16)). */
-static void fill_bf16(cpu_bufs *b, size_t numel)
-{
-    uint16_t *x = (uint16_t *)(void *)b->src;
-    uint64_t state = 0x9e3779b97f4a7c15ull + b->filled;
-    for (size_t i = b->filled; i < numel; i++)
-        x[i] = random_half(&state);
-    if (numel > b->filled)
-        b->filled = numel;
-}
 
 static prism_status quantize_rep(void *ctx, prism_error *err)
 {
@@ -804,8 +872,10 @@ static prism_status time_quantize(void *ctx, size_t bytes, double deadline, doub
                                   prism_error *err)
 {
     cost_run r = {ctx, bytes / 2, 1};
-    fill_bf16(r.b, r.numel);
-    return best_time(quantize_rep, &r, deadline, seconds, err);
+    prism_profile_cpu_trace *trace = &r.b->trace;
+    trace->size[PRISM_PROFILE_CPU_QUANTIZE] = bytes;
+    return best_time(quantize_rep, &r, deadline, &trace->runs[PRISM_PROFILE_CPU_QUANTIZE], seconds,
+                     err);
 }
 
 static void cast_part(void *ctx, int part, int parts)
@@ -833,60 +903,57 @@ static prism_status time_cast(void *ctx, size_t bytes, double deadline, double *
     cpu_bufs *b = ctx;
     const size_t numel = bytes / 2;
     cost_run r = {b, numel, numel >= CAST_THREAD_MIN ? b->threads : 1};
-    fill_bf16(b, numel);
-    return best_time(cast_rep, &r, deadline, seconds, err);
+    b->trace.size[PRISM_PROFILE_CPU_CAST] = bytes;
+    return best_time(cast_rep, &r, deadline, &b->trace.runs[PRISM_PROFILE_CPU_CAST], seconds, err);
 }
 
 /* ---- CPU: the whole profile --------------------------------------------------------------- */
 
-static prism_status cpu_measure(cpu_bufs *b, double start, double budget_s,
-                                prism_device_profile *p, prism_error *err)
+static prism_status cpu_measure(cpu_bufs *b, double end, prism_device_profile *p,
+                                prism_error *err)
 {
     prism_status st = cpu_bufs_alloc(b, err);
     if (st != PRISM_OK)
         return st;
-    const double end = start + budget_s;
-#define PART_END(part) prism_profile_part_end(end, cpu_part_weight, PARTS, (part))
+#define PART_END(part) prism_profile_part_end(end, cpu_part_weight, PRISM_PROFILE_CPU_PARTS, (part))
 
-    run_parts(b->threads, touch_part, b);
+    const double copy_end = PART_END(PRISM_PROFILE_CPU_COPY);
+    const double now = prism_profile_clock();
+    touch_copy_buffers(b, now + (copy_end - now) / 2);
+    b->trace.size[PRISM_PROFILE_CPU_COPY] = b->touched;
     double t = 0;
-    if ((st = best_time(copy_rep, b, PART_END(PART_COPY), &t, err)) != PRISM_OK)
+    if ((st = best_time(copy_rep, b, copy_end, &b->trace.runs[PRISM_PROFILE_CPU_COPY], &t, err)) !=
+        PRISM_OK)
         return st;
-    p->copy_bytes_per_second = (double)b->copy_bytes / t;
+    p->copy_bytes_per_second = (double)b->touched / t;
     p->h2d_bytes_per_second = p->copy_bytes_per_second;
     p->d2h_bytes_per_second = p->copy_bytes_per_second;
 
-    const size_t nn = (size_t)MATMUL_N_MAX * MATMUL_N_MAX;
-    memset(b->af, 0, MATMUL_WORK * sizeof *b->af); /* first touch, as for the copy */
-    memset(b->bf, 0, MATMUL_WORK * sizeof *b->bf);
-    memset(b->cf, 0, MATMUL_WORK * sizeof *b->cf);
-    memset(b->ai, 0, MATMUL_WORK * sizeof *b->ai);
-    memset(b->bi, 0, MATMUL_WORK * sizeof *b->bi);
-    memset(b->ci, 0, MATMUL_WORK * sizeof *b->ci);
-    uint64_t state = 0x2545f4914f6cdd1dull;
-    for (size_t i = 0; i < nn; i++) {
-        b->a16[i] = random_half(&state);
-        b->b16[i] = random_half(&state);
-        b->a8[i] = (int8_t)((int)(b->a16[i] % 255u) - 127);
-        b->b8[i] = (int8_t)((int)(b->b16[i] % 255u) - 127);
-    }
-    if ((st = time_matmul(b, MATMUL_BF16, PART_END(PART_BF16), &p->bf16_ops_per_second, err)) ||
-        (st = time_matmul(b, MATMUL_F16, PART_END(PART_FP16), &p->fp16_ops_per_second, err)) ||
-        (st = time_matmul(b, MATMUL_INT8, PART_END(PART_INT8), &p->int8_ops_per_second, err)))
+    b->inputs_state = 0x2545f4914f6cdd1dull;
+    if ((st = time_matmul(b, MATMUL_BF16, PRISM_PROFILE_CPU_BF16, PART_END(PRISM_PROFILE_CPU_BF16),
+                          &p->bf16_ops_per_second, err)) ||
+        (st = time_matmul(b, MATMUL_F16, PRISM_PROFILE_CPU_FP16, PART_END(PRISM_PROFILE_CPU_FP16),
+                          &p->fp16_ops_per_second, err)) ||
+        (st = time_matmul(b, MATMUL_INT8, PRISM_PROFILE_CPU_INT8, PART_END(PRISM_PROFILE_CPU_INT8),
+                          &p->int8_ops_per_second, err)))
         return st;
     p->fp8_ops_per_second = 0;
 
-    if ((st = prism_profile_cost_sweep(time_quantize, b, COST_MIN_BYTES, COST_MAX_BYTES,
-                                       PART_END(PART_QUANTIZE), &p->quantize_cost, err)) !=
-        PRISM_OK)
+    /* Inputs and outputs in the touched chunks: quantize writes half its input's bytes, cast
+     * twice. */
+    if ((st = prism_profile_cost_sweep(time_quantize, b, COST_MIN_BYTES,
+                                       min_size(COST_MAX_BYTES, b->touched),
+                                       PART_END(PRISM_PROFILE_CPU_QUANTIZE), &p->quantize_cost,
+                                       err)) != PRISM_OK)
         return st;
-    return prism_profile_cost_sweep(time_cast, b, COST_MIN_BYTES, COST_MAX_BYTES,
-                                    PART_END(PART_CAST), &p->cast_cost, err);
+    return prism_profile_cost_sweep(time_cast, b, COST_MIN_BYTES,
+                                    min_size(COST_MAX_BYTES, b->touched / 2),
+                                    PART_END(PRISM_PROFILE_CPU_CAST), &p->cast_cost, err);
 #undef PART_END
 }
 
-static prism_status measure_cpu(double start, double budget_s, prism_device_profile *p,
-                                prism_error *err)
+prism_status prism_profile_measure_cpu(double end, prism_device_profile *p,
+                                       prism_profile_cpu_trace *trace, prism_error *err)
 {
     cpu_model_name(p->device_name, sizeof p->device_name);
     p->memory_bytes = cpu_memory_bytes();
@@ -895,13 +962,16 @@ static prism_status measure_cpu(double start, double budget_s, prism_device_prof
                                "CPU profile: neither /proc/meminfo nor sysconf says how much "
                                "memory there is");
     cpu_bufs b = {.threads = cpu_threads()};
+    b.trace.threads = b.threads;
     b.copy_bytes = 2 * cpu_cache_bytes(b.threads);
     if (b.copy_bytes < COPY_BYTES_MIN)
         b.copy_bytes = COPY_BYTES_MIN;
     if (b.copy_bytes > COPY_BYTES_MAX)
         b.copy_bytes = COPY_BYTES_MAX;
     b.copy_bytes &= ~(size_t)4095;
-    prism_status st = cpu_measure(&b, start, budget_s, p, err);
+    prism_status st = cpu_measure(&b, end, p, err);
+    if (trace)
+        *trace = b.trace;
     cpu_bufs_free(&b);
     return st;
 }
@@ -990,7 +1060,7 @@ prism_status prism_profile_measure(const prism_profile_options *o, prism_device_
     memset(&p, 0, sizeof p);
     p.device = opts.device;
     if (opts.device == PRISM_PROFILE_DEVICE_CPU)
-        st = measure_cpu(start, budget_s, &p, err);
+        st = prism_profile_measure_cpu(start + budget_s, &p, NULL, err);
     else
         st = measure_gpu(opts.device, budget_s, &p, err);
     if (st != PRISM_OK)

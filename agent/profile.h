@@ -79,12 +79,19 @@ int prism_profile_default_device(void);
 
 /* Measures the device o names (o NULL: the defaults) into *out.
  *
- * Time: the measurement keeps to o->budget_ms (100 to 600,000; 0 means 1000): each part gets a
- * share of the budget and repeats while its share lasts, at least once, so the whole takes about
- * the budget plus one repetition of each part and the first touch of its buffers (tens of
- * milliseconds: tests/unit/test_profile.c holds 100 and 300 ms budgets to twice). On a GPU,
- * creating the CUDA context (the first call in a process: 0.1 to 1 s) comes before the budget
- * starts.
+ * Time: the measurement keeps to o->budget_ms (100 to 600,000; 0 means 1000), counted from the
+ * call: each part gets a share of what is left of it and repeats while its share lasts, at least
+ * once, and a size that would not fit in its share (a larger matrix, a larger tensor of a sweep)
+ * is left out. Once the budget is spent, each part left runs its smallest size once (the sweeps
+ * their three smallest; a GPU multiply twice), so the whole takes the budget plus the repetition
+ * under way when it ended, those smallest runs (on the CPU a few milliseconds together) and the
+ * freeing of the buffers. A small budget costs precision, not time: fewer repetitions, smaller
+ * sizes. On the CPU the buffers' first touch is inside the budget and sized by it (profile.c):
+ * where memory is slow to touch the first time (a virtual machine whose host maps it in on
+ * demand: 10 to 20 us a 4 KiB page), a small budget copies less than the 64 MiB or more that
+ * measure memory, and the copy figure may be the cache's. On a GPU, creating the CUDA context
+ * (the first call in a process: 0.1 to 1 s) comes before the budget starts, and the buffers'
+ * sizes follow the free memory, not the budget.
  *
  * Errors: an option out of range is PRISM_ERR_INVALID naming it; device >= 0 in a build without
  * CUDA, or with no usable GPU, PRISM_ERR_UNAVAILABLE (with the CUDA runtime's message); a failed

@@ -34,6 +34,33 @@ prism_status prism_profile_cost_sweep(prism_profile_timer timer, void *ctx, size
                                       size_t max_bytes, double deadline, prism_linear_cost *out,
                                       prism_error *err);
 
+/* The parts of the CPU profile, in the order they are measured (profile.c). */
+typedef enum prism_profile_cpu_part {
+    PRISM_PROFILE_CPU_COPY,
+    PRISM_PROFILE_CPU_BF16,
+    PRISM_PROFILE_CPU_FP16,
+    PRISM_PROFILE_CPU_INT8,
+    PRISM_PROFILE_CPU_QUANTIZE,
+    PRISM_PROFILE_CPU_CAST,
+    PRISM_PROFILE_CPU_PARTS
+} prism_profile_cpu_part;
+
+/* What the CPU profile did with its time, part by part. */
+typedef struct prism_profile_cpu_trace {
+    int threads;                            /* the CPUs each part was cut across */
+    unsigned runs[PRISM_PROFILE_CPU_PARTS]; /* timed runs of the part's operation */
+    size_t size[PRISM_PROFILE_CPU_PARTS];   /* the largest size timed: the copy's bytes (each way),
+                                               the multiplies' n, the sweeps' BF16 bytes */
+} prism_profile_cpu_trace;
+
+/* The CPU half of prism_profile_measure, measuring until `end` (prism_profile_clock's seconds):
+ * fills every figure of *out but device and device_class, and *trace (if not NULL) with what each
+ * part ran. An `end` already past gives what the smallest budget gives once the budget is spent:
+ * every part runs once at its smallest size (the copy over one 256 KiB chunk per thread, the
+ * multiplies at n = 64, the sweeps their three smallest sizes once each). */
+prism_status prism_profile_measure_cpu(double end, prism_device_profile *out,
+                                       prism_profile_cpu_trace *trace, prism_error *err);
+
 #ifdef PRISM_PROFILE_CUDA
 /* The GPU half of prism_profile_measure (profile_cuda.cu): device is a valid index; fills every
  * figure of *out but device_class (and leaves *out as it was on failure). The budget starts once

@@ -29,8 +29,8 @@
 
 #define PRISMD_BIN "service/prismd"
 #define POLL_MS 50
-#define READY_TRIES 100  /* 100 x 50 ms: 5 s for prismd to answer /healthz */
-#define STOP_TRIES 100   /* 100 x 50 ms: 5 s for prismd to exit after a signal */
+#define READY_TRIES 200  /* 200 x 50 ms: 10 s for prismd to answer /readyz with 200 */
+#define STOP_TRIES 200   /* 200 x 50 ms: 10 s for prismd to exit after a signal */
 #define CLI_TIMEOUT_S 10 /* for runs that are expected to exit by themselves */
 #define HTTP_TIMEOUT_S 2
 #define HTTP_MAX 65536
@@ -331,13 +331,15 @@ static int http_request(const prismd_proc *p, const char *method, const char *pa
     return 0;
 }
 
-/* Polls /healthz until it answers 200, at most READY_TRIES x POLL_MS, giving up early if the
- * process exits. */
-static bool prismd_wait_healthy(prismd_proc *p)
+/* Polls /readyz until it answers 200, at most READY_TRIES x POLL_MS, giving up early if the
+ * process exits; res keeps the last answer. Not /healthz: that answers 200 as soon as the HTTP
+ * server runs, while gRPC and the policy thread are still starting (/readyz turns 200 12 to 60 ms
+ * later on an idle 2-CPU machine, over 200 ms later under load), and every test wants a prismd
+ * that serves. */
+static bool prismd_wait_ready(prismd_proc *p, http_response *res)
 {
-    static http_response res;
     for (int i = 0; i < READY_TRIES && p->pid > 0; i++) {
-        if (http_request(p, "GET", "/healthz", &res) == 0 && res.status == 200)
+        if (http_request(p, "GET", "/readyz", res) == 0 && res->status == 200)
             return true;
         if (prismd_wait_exit(p, 1) >= 0)
             return false;
@@ -345,15 +347,18 @@ static bool prismd_wait_healthy(prismd_proc *p)
     return false;
 }
 
-/* Starts prismd and waits until it is healthy; on failure prints its log and stops it. */
+/* Starts prismd and waits until it is ready; on failure prints its last /readyz answer and its
+ * log, and stops it. */
 static bool prismd_start(prismd_proc *p, const char *const *extra)
 {
+    static http_response res;
     if (p->port == 0 || prismd_spawn(p, extra) != 0)
         return false;
-    if (prismd_wait_healthy(p))
+    if (prismd_wait_ready(p, &res))
         return true;
     char *log = prismd_log(p);
-    fprintf(stderr, "\nprismd did not become healthy; its log:\n%s\n", log);
+    fprintf(stderr, "\nprismd did not become ready (last /readyz: %d %s); its log:\n%s\n",
+            res.status, res.body, log);
     free(log);
     prismd_stop(p, SIGKILL);
     return false;
@@ -381,6 +386,15 @@ static void run_prismd(const char *const *args, prism_proc_result *res)
 static bool contains(const char *haystack, const char *needle)
 {
     return haystack && strstr(haystack, needle) != NULL;
+}
+
+/* How many times needle occurs in haystack (not overlapping). */
+static int occurrences(const char *haystack, const char *needle)
+{
+    int n = 0;
+    for (const char *at = haystack; at && (at = strstr(at, needle)) != NULL; at += strlen(needle))
+        n++;
+    return n;
 }
 
 /* ------------------------------------------------------------------------------------------- */
@@ -559,6 +573,8 @@ static void test_healthz_answers_200_status_ok(void)
     CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);
 }
 
+/* Once ready (prismd_start waits for it: the store open, gRPC listening, the policy thread
+ * running), prismd stays ready and says which data dir it serves. */
 static void test_readyz_answers_200_ready_with_data_dir(void)
 {
     prismd_proc p;
@@ -838,8 +854,9 @@ static void test_taken_port_exits_1_naming_address(void)
     prism_proc_result_free(&res);
 }
 
-/* SIGTERM and SIGINT both stop prismd with exit 0 within 5 s, and the lock goes with it: a
- * second prismd can take the same data dir straight after. */
+/* SIGTERM and SIGINT both make prismd exit by itself with exit 0 (prismd_stop waits for that,
+ * up to STOP_TRIES x POLL_MS, and kills it past that: -1), and the lock goes with it: a second
+ * prismd can take the same data dir straight after. How fast it stops is not asserted. */
 static void test_stop_signals_exit_0_and_release_the_lock(void)
 {
     static const int signals[] = {SIGTERM, SIGINT};
@@ -851,12 +868,7 @@ static void test_stop_signals_exit_0_and_release_the_lock(void)
             CU_FAIL("prismd did not start");
             return;
         }
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
         CU_ASSERT_EQUAL(prismd_stop(&p, signals[i]), 0);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        CU_ASSERT_TRUE((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9 <
-                       5.0);
         char *log = prismd_log(&p);
         char expected[1024];
         snprintf(expected, sizeof expected, "level=info msg=\"stopping\" signal=%s\n", names[i]);
@@ -868,7 +880,10 @@ static void test_stop_signals_exit_0_and_release_the_lock(void)
     }
 }
 
-/* Start-up and shutdown are logged at info; requests only at debug. Every line is logfmt. */
+/* Start-up and shutdown are logged at info; requests only at debug. Every line is logfmt. The
+ * request asked is /healthz, which prismd_start does not ask, so the one such line is this
+ * request's own; prismd writes it (one write, flushed) before it answers, and the log is read once
+ * prismd has exited. */
 static void test_logs_are_logfmt_with_requests_at_debug_only(void)
 {
     static const char *const levels[] = {"debug", "info"};
@@ -880,7 +895,8 @@ static void test_logs_are_logfmt_with_requests_at_debug_only(void)
             CU_FAIL("prismd did not start");
             return;
         }
-        CU_ASSERT_EQUAL(http_request(&p, "GET", "/readyz", &g_res), 0);
+        CU_ASSERT_EQUAL(http_request(&p, "GET", "/healthz", &g_res), 0);
+        CU_ASSERT_EQUAL(g_res.status, 200);
         CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);
         char *log = prismd_log(&p);
         char expected[1024];
@@ -890,8 +906,8 @@ static void test_logs_are_logfmt_with_requests_at_debug_only(void)
         CU_ASSERT_TRUE(contains(log, expected));
         CU_ASSERT_TRUE(contains(log, " level=info msg=\"starting\" version="));
         const char *request =
-            " level=debug msg=\"request\" method=GET path=/readyz status=200 client=127.0.0.1:";
-        CU_ASSERT_EQUAL(contains(log, request), i == 0);
+            " level=debug msg=\"request\" method=GET path=/healthz status=200 client=127.0.0.1:";
+        CU_ASSERT_EQUAL(occurrences(log, request), i == 0 ? 1 : 0);
         CU_ASSERT_FALSE(contains(log, " level=warn "));
         CU_ASSERT_FALSE(contains(log, " level=error "));
         int lines = 0;

@@ -1,11 +1,14 @@
 /* The DeviceProfile of agent/profile.h. The CPU profile is measured once with a 300 ms budget and
- * its figures checked against the contract (finite, > 0, no FP8, memory as /proc/meminfo says,
- * at most twice the budget); the line fit, the class names and the option checks are pinned
- * exactly. The GPU cases run where a CUDA device is there and print "(SKIPPED: no CUDA device)"
- * elsewhere; asking for a GPU on a machine without one is checked here instead. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, open_memstream */
+ * its figures checked against the contract (finite, > 0, no FP8, memory as /proc/meminfo says);
+ * how the budget is kept is pinned exactly, on a budget already spent (what each part then runs
+ * does not depend on how fast the machine is), and how long a measurement takes is printed, not
+ * asserted: that is a benchmark's business. The line fit, the class names and the option checks
+ * are pinned exactly. The GPU cases run where a CUDA device is there and print "(SKIPPED: no
+ * CUDA device)" elsewhere; asking for a GPU on a machine without one is checked here instead. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT; clock_gettime, open_memstream */
 
 #include "profile.h"
+#include "profile_internal.h"
 #include "testutil.h"
 
 #ifdef PRISM_TEST_HAVE_CUDA
@@ -13,10 +16,12 @@
 #endif
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CPU_BUDGET_MS 300
 #define GPU_BUDGET_MS 1000
@@ -121,12 +126,85 @@ static void assert_figures_positive(const prism_device_profile *p)
 
 /* ---- the CPU profile ---------------------------------------------------------------------- */
 
-static void test_cpu_profile_takes_at_most_twice_its_budget(void)
+/* The CPUs the profile cuts its work across: this process's affinity, at most 64. */
+static int profile_threads(void)
 {
-    const measured *m = cpu_profile();
-    CU_ASSERT_EQUAL_FATAL(m->st, PRISM_OK);
-    CU_ASSERT(m->seconds <= 2 * CPU_BUDGET_MS * 1e-3);
-    CU_ASSERT(m->seconds >= 0.5 * CPU_BUDGET_MS * 1e-3); /* and uses it */
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (n <= 0)
+        n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n <= 0 ? 1 : n > 64 ? 64 : n;
+}
+
+/* Past the budget's end nothing new starts: each part runs once at its smallest size (the copy
+ * over one 256 KiB chunk a thread, the multiplies at n = 64, the sweeps at 4, 16 and 64 KiB), and
+ * the figures still keep the contract. */
+static void test_cpu_profile_past_its_budget_runs_each_part_once_at_its_smallest_size(void)
+{
+    prism_device_profile p;
+    memset(&p, 0, sizeof p);
+    prism_profile_cpu_trace trace;
+    memset(&trace, 0xff, sizeof trace);
+    prism_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(prism_profile_measure_cpu(prism_profile_clock(), &p, &trace, &err),
+                          PRISM_OK);
+    const int threads = profile_threads();
+    CU_ASSERT_EQUAL(trace.threads, threads);
+    static const unsigned runs[PRISM_PROFILE_CPU_PARTS] = {1, 1, 1, 1, 3, 3};
+    const size_t sizes[PRISM_PROFILE_CPU_PARTS] = {(size_t)threads << 18, 64, 64, 64, 65536,
+                                                   65536};
+    for (int part = 0; part < PRISM_PROFILE_CPU_PARTS; part++) {
+        if (trace.runs[part] != runs[part] || trace.size[part] != sizes[part])
+            printf("(part %d: %u runs, size %zu) ", part, trace.runs[part], trace.size[part]);
+        CU_ASSERT_EQUAL(trace.runs[part], runs[part]);
+        CU_ASSERT_EQUAL(trace.size[part], sizes[part]);
+    }
+    p.device = PRISM_PROFILE_DEVICE_CPU;
+    snprintf(p.device_class, sizeof p.device_class, "cpu");
+    assert_figures_positive(&p);
+    CU_ASSERT_EQUAL(p.fp8_ops_per_second, 0.0);
+}
+
+/* The sweep's timer, recording what it is asked: the sizes, and whether each deadline had
+ * passed already. */
+typedef struct sweep_calls {
+    size_t count;
+    size_t bytes[8];
+    bool deadline_passed[8];
+} sweep_calls;
+
+static prism_status record_sweep_call(void *ctx, size_t bytes, double deadline, double *seconds,
+                                      prism_error *err)
+{
+    (void)err;
+    sweep_calls *c = ctx;
+    if (c->count < 8) {
+        c->bytes[c->count] = bytes;
+        c->deadline_passed[c->count] = deadline <= prism_profile_clock();
+    }
+    c->count++;
+    *seconds = 1e-6 + 1e-9 * (double)bytes;
+    return PRISM_OK;
+}
+
+/* A sweep started past its deadline times its three smallest sizes, each with a deadline that
+ * has passed (so once), and no larger one; the line through them is the timer's. */
+static void test_cost_sweep_past_its_deadline_times_only_its_three_smallest_sizes(void)
+{
+    sweep_calls calls = {0};
+    prism_linear_cost cost = {0, 0};
+    prism_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(prism_profile_cost_sweep(record_sweep_call, &calls, 4096, 16 << 20,
+                                                   prism_profile_clock(), &cost, &err),
+                          PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(calls.count, 3);
+    static const size_t expected[3] = {4096, 16384, 65536};
+    for (size_t i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(calls.bytes[i], expected[i]);
+        CU_ASSERT_TRUE(calls.deadline_passed[i]);
+    }
+    CU_ASSERT(fabs(cost.fixed_seconds - 1e-6) <= 1e-12 * 1e-6);
+    CU_ASSERT(fabs(cost.seconds_per_byte - 1e-9) <= 1e-12 * 1e-9);
 }
 
 static void test_cpu_profile_figures_are_finite_and_positive_without_fp8(void)
@@ -197,7 +275,6 @@ static void test_device_class_override_is_kept_with_the_smallest_budget(void)
     measure(&o, &m);
     CU_ASSERT_EQUAL_FATAL(m.st, PRISM_OK);
     CU_ASSERT_STRING_EQUAL(m.p.device_class, "train-cpu.v1_a");
-    CU_ASSERT(m.seconds <= 2 * PRISM_PROFILE_BUDGET_MIN_MS * 1e-3);
     printf("(%.0f ms) ", m.seconds * 1e3);
 }
 
@@ -291,7 +368,6 @@ static void test_gpu_profile_figures_are_finite_and_positive(void)
     printf("\n");
     prism_profile_print(stdout, &m.p);
     printf("(measured in %.0f ms, the first time %.0f ms) ", m.seconds * 1e3, first.seconds * 1e3);
-    CU_ASSERT(m.seconds <= 2 * GPU_BUDGET_MS * 1e-3);
     assert_figures_positive(&m.p);
     CU_ASSERT_EQUAL(m.p.device, 0);
     CU_ASSERT_EQUAL(strncmp(m.p.device_class, "gpu-", 4), 0);
@@ -467,8 +543,10 @@ static void test_print_writes_one_line_per_figure_with_units(void)
 }
 
 static const prism_test_case cpu_cases[] = {
-    {"test_cpu_profile_takes_at_most_twice_its_budget",
-     test_cpu_profile_takes_at_most_twice_its_budget},
+    {"test_cpu_profile_past_its_budget_runs_each_part_once_at_its_smallest_size",
+     test_cpu_profile_past_its_budget_runs_each_part_once_at_its_smallest_size},
+    {"test_cost_sweep_past_its_deadline_times_only_its_three_smallest_sizes",
+     test_cost_sweep_past_its_deadline_times_only_its_three_smallest_sizes},
     {"test_cpu_profile_figures_are_finite_and_positive_without_fp8",
      test_cpu_profile_figures_are_finite_and_positive_without_fp8},
     {"test_cpu_profile_host_copies_are_the_copy_bandwidth",
