@@ -257,10 +257,11 @@ __device__ __forceinline__ void pack_codes(const float v[8], bool stochastic, ui
 
 /* The code of one element i (x its value, s its group's scale): an 8-bit code, or an INT4 code in
  * the low nibble. For the paths that go element by element (short or odd groups, unaligned
- * pointers): a call, not inlined, which keeps those paths' several call sites from each
- * carrying a copy of Philox (compile time, registers). */
+ * pointers). Inlined: as a call (__noinline__) it made ptxas spill values live across the call to
+ * local memory (codes_pieces_kernel's FP8 instances on sm_90); inlined, the kernels use about
+ * as many registers and build as fast. */
 template <int FMT>
-__device__ __noinline__ uint8_t elem_code(float x, float s, bool stochastic, uint64_t i, uint64_t seed)
+__device__ __forceinline__ uint8_t elem_code(float x, float s, bool stochastic, uint64_t i, uint64_t seed)
 {
     float v = prism_qc_nonfinite(x) ? 0.0f : __fdiv_rn(x, s);
     if (stochastic)

@@ -75,9 +75,14 @@ __device__ __forceinline__ uint32_t cta_max(uint32_t v, uint32_t *red)
 
 /* One team per group (per pair of groups for odd-length INT4 groups in the scalar path). The loop
  * runs the same number of rounds in every thread of the CTA, so the team reductions, which may
- * synchronise the CTA, are reached by all. */
+ * synchronise the CTA, are reached by all.
+ *
+ * Two CTAs an SM (16 warps, at most 128 registers a thread): the kernel needs 88 to 96 registers
+ * on sm_90. Three would cap it at 80 (registers are allocated per warp in units of 256, so 85 is
+ * not available), and there ptxas spilled 12 to 20 bytes a thread to local memory, which
+ * test_cuda_resources forbids. */
 template <int DT, int FMT>
-__global__ void __launch_bounds__(kThreads, 3) /* at most 85 registers: 24 warps an SM */
+__global__ void __launch_bounds__(kThreads, 2)
     quantize_teams_kernel(QuantArgs a, int team, int vec, int pair, uint64_t units)
 {
     constexpr int kRegs = team_regs<DT>();
