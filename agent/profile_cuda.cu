@@ -138,8 +138,7 @@ unsigned grid_for(const Gpu *g, size_t n)
 
 prism_status fill(Gpu *g, void *p, size_t count, GemmKind kind, uint32_t seed, prism_error *err)
 {
-    fill_kernel<<<grid_for(g, count), kThreads, 0, g->stream>>>((uint8_t *)p, count, (int)kind,
-                                                                 seed);
+    PRISM_LAUNCH(fill_kernel, grid_for(g, count), kThreads, g->stream, (uint8_t *)p, count, (int)kind, seed);
     PRISM_CUDA_CHECK(cudaGetLastError());
     return PRISM_OK;
 }
@@ -351,8 +350,8 @@ prism_status quantize_op(Gpu *g, const void *arg, prism_error *err)
 prism_status cast_op(Gpu *g, const void *arg, prism_error *err)
 {
     const CostRun *r = static_cast<const CostRun *>(arg);
-    cast_bf16_to_f32_kernel<<<grid_for(g, r->numel), kThreads, 0, g->stream>>>(
-        (const uint16_t *)g->src, (float *)g->dst, r->numel);
+    PRISM_LAUNCH(cast_bf16_to_f32_kernel, grid_for(g, r->numel), kThreads, g->stream, (const uint16_t *)g->src,
+                 (float *)g->dst, r->numel);
     PRISM_CUDA_CHECK(cudaGetLastError());
     return PRISM_OK;
 }

@@ -159,7 +159,7 @@ prism_status nccl_fill_ones(prism_coll_comm *c, float *dst, size_t n, prism_erro
 {
     if (n == 0)
         return PRISM_OK;
-    fill_ones_kernel<<<blocks_for(n), kThreads, 0, impl_of(c)->stream>>>(dst, n);
+    PRISM_LAUNCH(fill_ones_kernel, blocks_for(n), kThreads, impl_of(c)->stream, dst, n);
     PRISM_CUDA_CHECK(cudaGetLastError());
     return PRISM_OK;
 }
@@ -168,7 +168,7 @@ prism_status nccl_finish_sum(prism_coll_comm *c, float *acc, size_t n, int divis
 {
     if (n == 0)
         return PRISM_OK;
-    finish_sum_kernel<<<blocks_for(n), kThreads, 0, impl_of(c)->stream>>>(acc, n, divisor);
+    PRISM_LAUNCH(finish_sum_kernel, blocks_for(n), kThreads, impl_of(c)->stream, acc, n, divisor);
     PRISM_CUDA_CHECK(cudaGetLastError());
     return PRISM_OK;
 }
@@ -184,8 +184,8 @@ prism_status nccl_exchange_headers(prism_coll_comm *c, prism_coll_header *mine, 
     PRISM_CUDA_CHECK(cudaMemcpyAsync(m->dev_headers + p, m->host_headers + p, sizeof *mine, cudaMemcpyHostToDevice,
                                      m->stream));
     if (slots) {
-        add_counters_kernel<<<1, kThreads, 0, m->stream>>>(
-            m->dev_headers + p, reinterpret_cast<const unsigned long long *>(c->counters), slots);
+        PRISM_LAUNCH(add_counters_kernel, 1, kThreads, m->stream, m->dev_headers + p,
+                     reinterpret_cast<const unsigned long long *>(c->counters), slots);
         PRISM_CUDA_CHECK(cudaGetLastError());
     }
     NCCL_CHECK(m->comm, ncclAllGather(m->dev_headers + p, m->dev_headers, sizeof *mine, ncclUint8, m->comm, m->stream));

@@ -99,9 +99,10 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
 }
 #endif
 
-/* Inside libprism: .cu files, and C files that define PRISM_CUDA_RUNTIME_API (they call the CUDA
- * runtime themselves). */
-#if defined(__CUDACC__) || defined(PRISM_CUDA_RUNTIME_API)
+/* Inside libprism: .cu files (compiled by nvcc, or by g++ against the device emulation of
+ * cudaemu/, which defines PRISM_CUDAEMU), and C files that define PRISM_CUDA_RUNTIME_API (they
+ * call the CUDA runtime themselves). */
+#if defined(__CUDACC__) || defined(PRISM_CUDAEMU) || defined(PRISM_CUDA_RUNTIME_API)
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -123,6 +124,16 @@ prism_status prism_cuda_error(prism_error *err, cudaError_t rc, const char *call
         if (prism_cuda_rc_ != cudaSuccess)                                                   \
             return prism_cuda_error(err, prism_cuda_rc_, #call, __FILE__, __LINE__);         \
     } while (0)
+/* Launches a kernel on a stream: every launch in Prism's .cu files is this macro, so that the one
+ * shape of launch they use is written once, and the emulated build (cudaemu/README.md) can run
+ * the same sources with g++, which has no <<<>>>. */
+#ifdef PRISM_CUDAEMU
+#define PRISM_LAUNCH(kernel, grid, block, stream, ...) \
+    PRISM_CUDAEMU_LAUNCH(kernel, grid, block, stream, __VA_ARGS__)
+#else
+#define PRISM_LAUNCH(kernel, grid, block, stream, ...) \
+    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
 #ifdef __cplusplus
 /* In .cu files: makes a device current for the length of a scope and puts the caller's device
  * back when the scope ends, so a libprism call never leaves the caller on another device.

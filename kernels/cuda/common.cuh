@@ -20,11 +20,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* Launches a kernel on a stream. Written as a macro so that every launch in this directory has
- * one shape (and one place to change it). */
-#define PRISM_LAUNCH(kernel, grid, block, stream, ...) \
-    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-
 /* FP8 nearest rounding in hardware: cvt.rn.satfinite.{e4m3,e5m2}x2.f32 exists from sm_89. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define PRISM_CUDA_HW_FP8 1
