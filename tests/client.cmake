@@ -8,6 +8,9 @@ if(PRISM_HAVE_CUDA)
   # prism_client_report_step_cuda, in the same test (the case checks nothing without a GPU).
   target_compile_definitions(test_client PRIVATE PRISM_TEST_CUDA)
   target_link_libraries(test_client PRIVATE prism_cuda CUDA::cudart)
+  if(PRISM_CUDAEMU) # its CUDA cases run there (on a GPU-less nvcc build they check nothing)
+    set_tests_properties(test_client PROPERTIES LABELS cuda)
+  endif()
 endif()
 
 # The client from Python (python/prism/client.py) against a test that plays the agent.

@@ -100,6 +100,33 @@ def _weights(w, name):
     return w.data_ptr(), w.numel(), w
 
 
+def _destination(dst):
+    """(pointer, numel, "cpu" or "cuda") of a fetch's destination."""
+    iface = getattr(dst, "__cuda_array_interface__", None)
+    import torch
+    if isinstance(dst, torch.Tensor):
+        if dst.dtype != torch.bfloat16 or not dst.is_contiguous():
+            raise _invalid("dst: a contiguous torch.bfloat16 tensor")
+        return dst.data_ptr(), dst.numel(), "cuda" if dst.is_cuda else "cpu"
+    if iface is None:
+        raise _invalid("dst: a contiguous torch.bfloat16 tensor, or a device array with __cuda_array_interface__")
+    shape, typestr = tuple(iface.get("shape", ())), iface.get("typestr", "")
+    if len(shape) != 1 or typestr not in ("<u2", "<i2", "<V2", "|V2"):
+        raise _invalid(f"dst: a one-dimensional array of 2-byte BF16 bits, not shape {shape} of {typestr!r}")
+    if iface.get("strides") not in (None, (2,)):
+        raise _invalid(f"dst: contiguous, not strides {iface['strides']}")
+    return int(iface["data"][0]), int(shape[0]), "cuda"
+
+
+def _stream(stream):
+    """A cudaStream_t for the C calls: None (the legacy default stream), an int, or .cuda_stream."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream or None
+    return stream.cuda_stream or None
+
+
 class Transfer:
     """A transfer engine: "cpu", or a CUDA device ("cuda", "cuda:1", a torch.device)."""
 
@@ -163,20 +190,20 @@ class Transfer:
         return out.value
 
     def fetch(self, block_id, precision, dst, stream=None):
-        """Block block_id in precision into dst (a contiguous torch.bfloat16 tensor of its numel
-        elements: on the GPU for CUDA, in host memory for the CPU). stream: a torch.cuda.Stream
-        whose queued work the fetch comes after (default: none). Returns a Ticket."""
-        import torch
-        if not isinstance(dst, torch.Tensor) or dst.dtype != torch.bfloat16 or not dst.is_contiguous():
-            raise _invalid("dst: a contiguous torch.bfloat16 tensor")
-        if dst.is_cuda != (self.device != "cpu"):
-            raise _invalid(f"dst: on {dst.device}, but the engine is {self.device}")
+        """Block block_id in precision into dst, its numel BF16 elements: a contiguous
+        torch.bfloat16 tensor (on the GPU for CUDA, in host memory for the CPU), or for CUDA any
+        device array with __cuda_array_interface__ (CuPy, Numba, ...) of 2-byte elements holding
+        BF16 bits (typestr <u2, <i2 or <V2), one-dimensional and contiguous. stream: a
+        torch.cuda.Stream, or any object with .cuda_stream, or a cudaStream_t as an int, whose
+        queued work the fetch comes after (default: none). Returns a Ticket."""
+        ptr, count, where = _destination(dst)
+        if where != ("cpu" if self.device == "cpu" else "cuda"):
+            raise _invalid(f"dst: in {where} memory, but the engine is {self.device}")
         n = self.numel.get(int(block_id))
-        if n is not None and dst.numel() != n:
-            raise _invalid(f"dst: {dst.numel()} elements, block {block_id} has {n}")
+        if n is not None and count != n:
+            raise _invalid(f"dst: {count} elements, block {block_id} has {n}")
         ticket = Ticket()
-        raw = stream.cuda_stream if stream is not None else None
-        self._call("prism_transfer_fetch", int(block_id), _precision(precision), dst.data_ptr(), raw,
+        self._call("prism_transfer_fetch", int(block_id), _precision(precision), ptr, _stream(stream),
                    ctypes.byref(ticket))
         return ticket
 
@@ -185,10 +212,12 @@ class Transfer:
         self._call("prism_transfer_ticket_wait", ctypes.byref(ticket))
 
     def wait_stream(self, ticket, stream=None):
-        """Makes later work on stream (default: torch's current stream) wait for the fetch."""
-        import torch
-        stream = stream or torch.cuda.current_stream()
-        self._call("prism_transfer_ticket_wait_stream", ctypes.byref(ticket), stream.cuda_stream)
+        """Makes later work on stream wait for the fetch: as fetch takes it; default torch's
+        current stream (the legacy default stream where torch has no CUDA)."""
+        if stream is None:
+            import torch
+            stream = torch.cuda.current_stream() if torch.cuda.is_available() else 0
+        self._call("prism_transfer_ticket_wait_stream", ctypes.byref(ticket), _stream(stream))
 
     def synchronize(self):
         self._call("prism_transfer_synchronize")

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """prism.Transfer (python/prism/transfer.py) on libprism's block transfer: the CPU backend here,
-the CUDA one where there is a GPU (those cases skip without one). Pinned: a fetch in each low
+the CUDA one where there is a device (torch's CUDA, or the CUDA runtime named by PRISM_CUDART, which
+the emulated build sets to its emulated runtime; those cases skip without one). Pinned: a fetch in each low
 precision gives exactly the kernels' quantize then dequantize of the block, a BF16 fetch the block
 itself; wire bytes and counters are exact; bad arguments raise PrismInvalidError naming them."""
 
+import ctypes
 import os
 import sys
 import unittest
@@ -90,24 +92,99 @@ class TransferCpuTest(unittest.TestCase):
         self.assertEqual(e.exception.status, prism.Status.NOT_FOUND)
 
 
-@unittest.skipUnless(torch.cuda.is_available() and prism.has_cuda(), "no CUDA device")
+class DeviceArray:
+    """n BF16 elements of device memory from the CUDA runtime at PRISM_CUDART (through ctypes), as
+    a __cuda_array_interface__ array: how a process without torch's CUDA (the emulated build's
+    tests, a CuPy user) hands prism.Transfer its destinations."""
+
+    def __init__(self, rt, n):
+        self.rt, self.n = rt, n
+        self.ptr = ctypes.c_void_p()
+        assert rt.cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(2 * n)) == 0
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<u2", "data": (self.ptr.value, False),
+                                         "version": 3}
+
+    def to_host(self):
+        out = torch.empty(self.n, dtype=torch.int16)
+        assert self.rt.cudaDeviceSynchronize() == 0
+        assert self.rt.cudaMemcpy(ctypes.c_void_p(out.data_ptr()), self.ptr, ctypes.c_size_t(2 * self.n), 2) == 0
+        return out
+
+    def free(self):
+        assert self.rt.cudaFree(self.ptr) == 0
+
+
+def cuda_runtime():
+    path = os.environ.get("PRISM_CUDART")
+    if not path:
+        return None
+    rt = ctypes.CDLL(path)
+    rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    rt.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    rt.cudaFree.argtypes = [ctypes.c_void_p]
+    return rt
+
+
+def device_count():
+    if not prism.has_cuda():
+        return 0
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    rt = cuda_runtime()
+    count = ctypes.c_int(0)
+    return count.value if rt is not None and rt.cudaGetDeviceCount(ctypes.byref(count)) == 0 else 0
+
+
+@unittest.skipUnless(device_count() > 0, "no CUDA device")
 class TransferCudaTest(unittest.TestCase):
-    def test_cuda_fetches_equal_the_cpu_ones(self):
-        blocks = [weights(3 << 20, 10 + b) for b in range(4)]
-        cpu = prism.Transfer("cpu", max_block_bytes=6 << 20)
-        gpu = prism.Transfer("cuda", max_block_bytes=6 << 20)
+    def check_fetches_equal_the_cpu_ones(self, make_dst, to_host, numel):
+        blocks = [weights(numel, 10 + b) for b in range(4)]
+        cpu = prism.Transfer("cpu", max_block_bytes=2 * numel)
+        gpu = prism.Transfer("cuda", max_block_bytes=2 * numel)
         for b, w in enumerate(blocks):
             cpu.add_block(b, w)
             gpu.add_block(b, w)
         for fmt in ("bf16",) + LOW:
-            dsts = [torch.empty(w.numel(), dtype=torch.bfloat16, device="cuda") for w in blocks]
+            dsts = [make_dst(w.numel()) for w in blocks]
             tickets = [gpu.fetch(b, fmt, dsts[b]) for b in range(len(blocks))]
             for tk in tickets:
                 gpu.wait_stream(tk)
             for b, w in enumerate(blocks):
                 want = torch.empty(w.numel(), dtype=torch.bfloat16)
                 cpu.wait(cpu.fetch(b, fmt, want))
-                self.assertTrue(torch.equal(dsts[b].cpu().view(torch.int16), want.view(torch.int16)), (b, fmt))
+                self.assertTrue(torch.equal(to_host(dsts[b]), want.view(torch.int16)), (b, fmt))
+        gpu.synchronize()
+        gpu.close()
+
+    def test_cuda_fetches_equal_the_cpu_ones(self):
+        if torch.cuda.is_available():  # torch's CUDA tensors
+            self.check_fetches_equal_the_cpu_ones(lambda n: torch.empty(n, dtype=torch.bfloat16, device="cuda"),
+                                                  lambda d: d.cpu().view(torch.int16), 3 << 20)
+            return
+        rt = cuda_runtime()  # device arrays of the runtime at PRISM_CUDART
+        made = []
+
+        def make(n):
+            made.append(DeviceArray(rt, n))
+            return made[-1]
+        self.check_fetches_equal_the_cpu_ones(make, DeviceArray.to_host, 3 << 18)
+        for d in made:
+            d.free()
+
+    @unittest.skipUnless(cuda_runtime() is not None, "PRISM_CUDART names no CUDA runtime")
+    def test_cuda_fetch_refuses_a_destination_of_the_wrong_shape(self):
+        rt = cuda_runtime()
+        t = prism.Transfer("cuda", max_block_bytes=2048)
+        t.add_block(0, weights(1000, 1))
+        d = DeviceArray(rt, 999)
+        with self.assertRaises(prism.PrismError) as e:
+            t.fetch(0, "int8", d)
+        self.assertEqual(e.exception.message, "dst: 999 elements, block 0 has 1000")
+        with self.assertRaises(prism.PrismError) as e:
+            t.fetch(0, "int8", torch.empty(1000, dtype=torch.bfloat16))
+        self.assertEqual(e.exception.message, "dst: in cpu memory, but the engine is cuda")
+        d.free()
+        t.close()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@
 #define PRISM_CUDA_RUNTIME_API
 #include "prism/cuda.h"
 #endif
+#ifdef PRISM_CUDAEMU
+#include "prism_cudaemu.h" /* the emulated device's hold on a stream: a GPU that is behind */
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -700,6 +703,66 @@ static void test_step_report_from_cuda_tensors_goes_out_at_a_later_call(void)
     close(fd);
     close(lfd);
 }
+
+#ifdef PRISM_CUDAEMU
+/* The paths real GPUs take only by chance: a report whose statistics the GPU has not finished is
+ * not sent by a later call (cudaEventQuery says not ready), a second report meanwhile is dropped
+ * and counted, and once the GPU gets there the first one goes out, whole. The emulated device's
+ * stream hold is the slow GPU. */
+static void test_step_report_waits_for_a_gpu_that_is_behind(void)
+{
+    const char *dir = test_dir();
+    int lfd = agent_listen(dir);
+    prism_client *c = open_client(dir, 1000);
+    register_ok(c);
+    int fd = agent_accept(lfd, 2000);
+    CU_ASSERT_FATAL(fd >= 0);
+    expect_hello(fd);
+
+    enum { N = 5000 };
+    static float host[N];
+    for (int i = 0; i < N; i++)
+        host[i] = (float)(i % 17) - 8.0f;
+    float *dev = NULL;
+    CU_ASSERT_EQUAL_FATAL(cudaMalloc((void **)&dev, sizeof host), cudaSuccess);
+    CU_ASSERT_EQUAL_FATAL(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice), cudaSuccess);
+    const prism_tensor dt[1] = {{dev, N, PRISM_DTYPE_F32}};
+    const prism_tensor ht[1] = {{host, N, PRISM_DTYPE_F32}};
+    const size_t starts[2] = {0, 1};
+    prism_grad_stats want[1];
+    CU_ASSERT_EQUAL_FATAL(prism_grad_stats_blocks_cpu(ht, starts, 1, want, NULL), PRISM_OK);
+    cudaStream_t stream;
+    CU_ASSERT_EQUAL_FATAL(cudaStreamCreate(&stream), cudaSuccess);
+    CU_ASSERT_EQUAL_FATAL(prism_cudaemu_stream_hold(stream), cudaSuccess);
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_client_report_step_cuda(c, 7, NULL, dt, starts, NULL, 1, stream, &err), PRISM_OK);
+    prism_client_begin_step(c, 8); /* the GPU is behind: nothing to send yet */
+    CU_ASSERT_EQUAL(counters(c).reports_sent, 0);
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda(c, 8, NULL, dt, starts, NULL, 1, stream, &err),
+                    PRISM_ERR_UNAVAILABLE);
+    CU_ASSERT_STRING_EQUAL(err.message, "step 8 dropped: the GPU has not finished the statistics of step 7");
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 1);
+    CU_ASSERT_EQUAL(prism_cudaemu_stream_release(stream), cudaSuccess);
+    CU_ASSERT_EQUAL_FATAL(cudaStreamSynchronize(stream), cudaSuccess);
+    prism_client_begin_step(c, 9); /* now it goes out */
+    Prism__V1__AgentMessage *m = agent_read(fd, 2000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m->step_report);
+    CU_ASSERT_EQUAL(m->step_report->step, 7);
+    CU_ASSERT_EQUAL_FATAL(m->step_report->n_blocks, 1);
+    CU_ASSERT_EQUAL(m->step_report->blocks[0]->numel, want[0].numel);
+    CU_ASSERT_EQUAL(m->step_report->blocks[0]->max_abs, want[0].max_abs);
+    CU_ASSERT_DOUBLE_EQUAL(m->step_report->blocks[0]->l2_norm, want[0].l2_norm, 1e-9 * want[0].l2_norm);
+    agent_free(m);
+    CU_ASSERT_EQUAL(counters(c).reports_sent, 1);
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 1);
+    cudaStreamDestroy(stream);
+    cudaFree(dev);
+    prism_client_close(c);
+    close(fd);
+    close(lfd);
+}
+#endif
 #endif
 
 static void test_calibration_report_carries_the_registered_fingerprint(void)
@@ -1089,6 +1152,9 @@ static const prism_test_case cases[] = {
     {"test_step_report_carries_the_cpu_kernel_statistics", test_step_report_carries_the_cpu_kernel_statistics},
 #ifdef PRISM_TEST_CUDA
     {"test_step_report_from_cuda_tensors_goes_out_at_a_later_call", test_step_report_from_cuda_tensors_goes_out_at_a_later_call},
+#endif
+#ifdef PRISM_CUDAEMU
+    {"test_step_report_waits_for_a_gpu_that_is_behind", test_step_report_waits_for_a_gpu_that_is_behind},
 #endif
     {"test_calibration_report_carries_the_registered_fingerprint", test_calibration_report_carries_the_registered_fingerprint},
     {"test_agent_started_late_gets_hello_then_reports", test_agent_started_late_gets_hello_then_reports},

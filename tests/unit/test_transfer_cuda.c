@@ -13,6 +13,9 @@
 #include "prism/transfer.h"
 
 #include <cuda_runtime_api.h>
+#ifdef PRISM_CUDAEMU
+#include "prism_cudaemu.h" /* the emulated device's stream hold: a consumer that is behind */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +329,59 @@ static void test_bad_device_index_is_refused(void)
     CU_ASSERT_EQUAL(strncmp(err.message, "device: ", 8), 0);
 }
 
+#ifdef PRISM_CUDAEMU
+/* The paths a real GPU takes only by chance, made certain by holding the consumer's stream: a
+ * fetch ordered after the consumer's use of its dst is not done while the consumer is behind
+ * (its ticket says so; for BF16 its slot stays taken, so a prefetch is refused for slots), and
+ * once the consumer moves on the fetch completes with the CPU's bytes and gives its slot back. */
+static void test_fetches_wait_for_a_consumer_that_is_behind(void)
+{
+    prism_error err = {0};
+    prism_conductor_limits l = prism_conductor_default_limits();
+    l.max_inflight_h2d = 1;
+    l.prefetch_window = 64;
+    prism_conductor *c = NULL;
+    CU_ASSERT_FATAL(prism_conductor_create(&l, &c, &err) == PRISM_OK);
+    pair p;
+    pair_open(&p, 2, c);
+    cudaStream_t consumer;
+    CU_ASSERT_FATAL(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking) == cudaSuccess);
+    CU_ASSERT_FATAL(prism_cudaemu_stream_hold(consumer) == cudaSuccess);
+    for (int b = 0; b < 2; b++) {
+        const prism_precision prec = b == 0 ? PRISM_PRECISION_INT8 : PRISM_PRECISION_BF16;
+        prism_transfer_ticket tk;
+        CU_ASSERT_FATAL(prism_transfer_fetch(p.cuda, 4, prec, p.dev[4], (prism_cuda_stream)consumer, &tk, &err) ==
+                        PRISM_OK);
+        bool done = true;
+        CU_ASSERT_EQUAL(prism_transfer_ticket_query(p.cuda, &tk, &done, &err), PRISM_OK);
+        CU_ASSERT_FALSE(done);
+        if (prec == PRISM_PRECISION_BF16) {
+            /* A BF16 block's copy goes straight into dst, so it is what waits for the consumer,
+             * and holds its slot meanwhile. (A quantized block's copy into staging waits for
+             * nothing of the consumer's: only its dequantize into dst does.) */
+            CU_ASSERT_EQUAL(prism_conductor_inflight(c, PRISM_CONDUCTOR_H2D), 1);
+            prism_conductor_request why = {PRISM_CONDUCTOR_FORWARD, 1, 0, 0};
+            prism_transfer_ticket pre;
+            CU_ASSERT_FATAL(prism_transfer_prefetch(p.cuda, 5, prec, p.dev[5], NULL, &why, &pre, &err) ==
+                            PRISM_OK);
+            CU_ASSERT_EQUAL(pre.verdict, PRISM_CONDUCTOR_REFUSE_SLOTS);
+        }
+        CU_ASSERT_FATAL(prism_cudaemu_stream_release(consumer) == cudaSuccess);
+        CU_ASSERT_EQUAL(prism_transfer_ticket_wait(p.cuda, &tk, &err), PRISM_OK);
+        CU_ASSERT_EQUAL(prism_transfer_ticket_query(p.cuda, &tk, &done, &err), PRISM_OK);
+        CU_ASSERT_TRUE(done);
+        CU_ASSERT_TRUE(same_as_cpu(&p, 4, prec));
+        CU_ASSERT_FATAL(prism_transfer_synchronize(p.cuda, &err) == PRISM_OK);
+        CU_ASSERT_EQUAL(prism_conductor_inflight(c, PRISM_CONDUCTOR_H2D), 0);
+        if (b == 0)
+            CU_ASSERT_FATAL(prism_cudaemu_stream_hold(consumer) == cudaSuccess);
+    }
+    CU_ASSERT(cudaStreamDestroy(consumer) == cudaSuccess);
+    pair_close(&p);
+    prism_conductor_destroy(c);
+}
+#endif
+
 static const prism_test_case cases[] = {
     {"test_every_precision_matches_the_cpu_through_each_staging_count",
      test_every_precision_matches_the_cpu_through_each_staging_count},
@@ -335,6 +391,9 @@ static const prism_test_case cases[] = {
     {"test_slots_pace_demand_fetches_and_refuse_prefetches", test_slots_pace_demand_fetches_and_refuse_prefetches},
     {"test_cuda_engine_without_a_device_is_unavailable", test_cuda_engine_without_a_device_is_unavailable},
     {"test_bad_device_index_is_refused", test_bad_device_index_is_refused},
+#ifdef PRISM_CUDAEMU
+    {"test_fetches_wait_for_a_consumer_that_is_behind", test_fetches_wait_for_a_consumer_that_is_behind},
+#endif
     {NULL, NULL},
 };
 
