@@ -5,14 +5,14 @@
 # with PRISM_PY_TEST_ENV, as test_python_kernels does.
 set(PRISM_AGENT_TEST_ENV ${PRISM_PY_TEST_ENV} "PRISM_BUILD_DIR=${CMAKE_BINARY_DIR}"
   "PRISM_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
-if(NOT PRISM_SANITIZE OR IS_ABSOLUTE "${PRISM_LIBASAN}")
+if(PRISM_PYTHON_TESTS)
   add_test(NAME test_agent COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_agent.py)
   set_tests_properties(test_agent PROPERTIES ENVIRONMENT "${PRISM_AGENT_TEST_ENV}" TIMEOUT 300
     REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>")
 endif()
 # Four trainers with torch and gloo: a minute of wall time, so only in the plain build (the
 # sanitizer build runs the same agent code through test_agent).
-if(NOT PRISM_SANITIZE)
+if(NOT PRISM_SANITIZE AND NOT PRISM_TSAN)
   add_test(NAME test_agents COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_agents.py)
   set_tests_properties(test_agents PROPERTIES ENVIRONMENT "${PRISM_AGENT_TEST_ENV}" TIMEOUT 600
     REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>")

@@ -14,7 +14,7 @@ if(PRISM_HAVE_CUDA)
 endif()
 
 # The client from Python (python/prism/client.py) against a test that plays the agent.
-if(NOT PRISM_SANITIZE OR IS_ABSOLUTE "${PRISM_LIBASAN}")
+if(PRISM_PYTHON_TESTS)
   add_test(NAME test_python_client COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_client.py)
   set_tests_properties(test_python_client PROPERTIES
     ENVIRONMENT "${PRISM_PY_TEST_ENV};PRISM_BUILD_DIR=${CMAKE_BINARY_DIR}"

@@ -9,7 +9,7 @@ if(PRISM_HAVE_CUDA)
 endif()
 
 # prism.Transfer from Python: the CPU backend against the kernels (the CUDA case skips without a GPU).
-if(NOT PRISM_SANITIZE OR IS_ABSOLUTE "${PRISM_LIBASAN}")
+if(PRISM_PYTHON_TESTS)
   add_test(NAME test_python_transfer COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_transfer.py)
   set_tests_properties(test_python_transfer PROPERTIES ENVIRONMENT "${PRISM_PY_TEST_ENV}"
     REQUIRED_FILES "$<TARGET_FILE:prism>" TIMEOUT 300)

@@ -100,6 +100,7 @@ struct Block {
     char warp_sync[32][32][2];            /* per warp, per lowest lane of the mask, parity */
     unsigned warp_parity[32][32] = {};
     char *launch_sync;                    /* the launch's: start (acquired) and end (released) */
+    char abandon_sync = 0;                /* released by every switch out of a fiber */
 };
 
 struct Worker {
@@ -172,6 +173,10 @@ void switch_in(Worker *w, Fiber *f)
  * ended and never runs again. */
 void switch_out(Worker *w, Fiber *f, bool last)
 {
+    /* Should the block fault, the worker takes over what its threads did up to their last
+     * switch (run_block), so that its clean-up is ordered after them; no fiber acquires this. */
+    if (w->block)
+        tsan_release(&w->block->abandon_sync);
     if (__sanitizer_start_switch_fiber)
         __sanitizer_start_switch_fiber(last ? nullptr : &f->asan_fake, w->main_bottom, w->main_size);
     if (w->main_tsan)
@@ -525,6 +530,9 @@ std::string run_block(const Launch &l, int device, uint64_t index, char *launch_
     }
     w->block = nullptr;
     if (b.faulted) {
+        tsan_acquire(&w->retire_sync); /* the faulting fiber's report (fault() released it) */
+        tsan_acquire(&b.abandon_sync); /* and what the threads it abandons did */
+        tsan_release(b.launch_sync + 1);
         /* The fibers that did not end are abandoned: their stacks are clean for the next block,
          * and under TSan they get fresh fibers (an abandoned one keeps its frames). */
         for (unsigned i = 0; i < n; i++) {
