@@ -576,8 +576,11 @@ class TorchCuda(unittest.TestCase):
         self.assertTrue(torch.equal(acc_h, acc_d.cpu()))
         clean = torch.nan_to_num(self.x)
         y = prism.dequantize(codes, scales, "int8", clean.numel())
-        self.assertEqual(prism.relative_error(clean, y),
-                         prism.relative_error(clean.cuda(), y.cuda()))
+        # A sum of 300,000 squares: the GPU adds per chunk and warp, in another order than the
+        # CPU, so the two agree to 1e-12 relative (test_kernels_cuda.c's ERROR_RTOL), not bit for
+        # bit; the emulated device happened to match, a real H200 gave ...8635 against ...8632.
+        want = prism.relative_error(clean, y)
+        self.assertLessEqual(abs(prism.relative_error(clean.cuda(), y.cuda()) - want), 1e-12 * want)
         blocks = [[self.x, clean[:10]], [], [clean.bfloat16()]]
         host = prism.grad_stats_blocks(blocks)
         dev = prism.grad_stats_blocks([[t.cuda() for t in b] for b in blocks])
