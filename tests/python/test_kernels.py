@@ -584,7 +584,15 @@ class TorchCuda(unittest.TestCase):
         blocks = [[self.x, clean[:10]], [], [clean.bfloat16()]]
         host = prism.grad_stats_blocks(blocks)
         dev = prism.grad_stats_blocks([[t.cuda() for t in b] for b in blocks])
-        self.assertEqual(host, dev)
+        # Counts and max_abs are exact; the sums agree to 1e-9 relative, the mean to 1e-9 of the
+        # data's spread (test_kernels_cuda.c's STATS_RTOL and same_stats).
+        self.assertEqual([(h["numel"], h["nonfinite"], h["max_abs"]) for h in host],
+                         [(d["numel"], d["nonfinite"], d["max_abs"]) for d in dev])
+        for h, d in zip(host, dev):
+            for key in ("l2_norm", "variance"):
+                self.assertLessEqual(abs(h[key] - d[key]), 1e-9 * abs(h[key]), key)
+            spread = h["variance"] ** 0.5 + abs(h["mean"])
+            self.assertLessEqual(abs(h["mean"] - d["mean"]), 1e-9 * spread, "mean")
 
     def test_mixed_host_and_device_arguments_are_refused(self):
         codes, scales = prism.quantize(self.x, "int8")
