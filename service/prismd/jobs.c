@@ -866,6 +866,12 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
     return ok;
 }
 
+void prismd_jobs_count_unimplemented(prismd_jobs *j)
+{
+    j->counters.unimplemented_calls++;
+    j->dirty = true;
+}
+
 void prismd_jobs_stream_broken(prismd_jobs *j)
 {
     j->counters.streams_broken++;
@@ -1042,6 +1048,7 @@ static void publish(prismd_jobs *j)
     snap->store_errors = c->store_errors;
     snap->agents_refused = c->streams_refused;
     snap->streams_broken = c->streams_broken;
+    snap->unimplemented_calls = c->unimplemented_calls;
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;
     snap->decision_seconds = j->decision_seconds;

@@ -399,6 +399,9 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     add(&t, "prism_step_reports_total{outcome=\"late\"} %llu\n", (unsigned long long)snap->reports_dropped_late);
     add(&t, "prism_step_reports_total{outcome=\"repeated\"} %llu\n",
         (unsigned long long)snap->reports_dropped_repeated);
+    family(&t, "prism_grpc_unimplemented_calls_total", "counter",
+           "gRPC calls of methods prismd does not serve, answered UNIMPLEMENTED.");
+    add(&t, "prism_grpc_unimplemented_calls_total %llu\n", (unsigned long long)snap->unimplemented_calls);
     family(&t, "prism_block_records_received_total", "counter", "Per-block statistics records accepted.");
     add(&t, "prism_block_records_received_total %llu\n", (unsigned long long)snap->block_records);
     family(&t, "prism_decisions_total", "counter", "Policy decisions made.");
