@@ -468,6 +468,9 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_b
                                    size_t count, prism_step_result *out, prism_error *err)
 {
     memset(out, 0, sizeof *out);
+    if (step > PRISM_STEP_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "step %llu is above the largest step id %llu",
+                               (unsigned long long)step, (unsigned long long)PRISM_STEP_MAX);
     if (p->has_last_step && step <= p->last_step)
         return prism_error_set(err, PRISM_ERR_STATE, "step %llu is not after the last step %llu",
                                (unsigned long long)step, (unsigned long long)p->last_step);

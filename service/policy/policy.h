@@ -111,8 +111,9 @@ prism_status prism_policy_set_block_bytes(prism_policy *p, uint32_t block_id, ui
 prism_status prism_policy_set_calibration(prism_policy *p, prism_precision format, uint32_t block_id,
                                           double relative_error, prism_error *err);
 
-/* Feeds one complete step. Steps must come in increasing order; block ids in one step must be
- * distinct. On error nothing is changed. On a decision step runs the decision. */
+/* Feeds one complete step. Steps must come in increasing order and be at most PRISM_STEP_MAX;
+ * block ids in one step must be distinct. On error nothing is changed. On a decision step runs
+ * the decision. */
 prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
                                    size_t count, prism_step_result *out, prism_error *err);
 

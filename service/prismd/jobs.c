@@ -747,6 +747,16 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
                            int64_t now_ms)
 {
     prismd_job *job = peer->job;
+    if (r->step > PRISM_STEP_MAX) {
+        /* Refused before the merger sees it: a step past the bound would wrap effective_step
+         * (or lose precision in JSON) and make every later report late. */
+        j->counters.reports_step_out_of_range++;
+        char message[200];
+        snprintf(message, sizeof message, "step_report.step: %llu is above the largest step id %llu (2^53 - 1 less "
+                 "the largest apply_lag_steps)", (unsigned long long)r->step, (unsigned long long)PRISM_STEP_MAX);
+        send_error(s, GRPC_STATUS_INVALID_ARGUMENT, message);
+        return;
+    }
     prism_block_stats *blocks = malloc((r->n_blocks ? r->n_blocks : 1) * sizeof *blocks);
     if (!blocks) {
         send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -1048,6 +1058,7 @@ static void publish(prismd_jobs *j)
     snap->store_errors = c->store_errors;
     snap->agents_refused = c->streams_refused;
     snap->streams_broken = c->streams_broken;
+    snap->reports_step_out_of_range = c->reports_step_out_of_range;
     snap->unimplemented_calls = c->unimplemented_calls;
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;

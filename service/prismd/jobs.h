@@ -60,6 +60,7 @@ typedef struct prismd_jobs_counters {
     uint64_t store_errors;     /* state not saved: its map was not sent */
     uint64_t streams_refused;  /* Connect streams ended for a bad Hello, token or order */
     uint64_t streams_broken;   /* Connect streams whose read failed: an oversized message, a lost peer */
+    uint64_t reports_step_out_of_range; /* step reports refused: step id above PRISM_STEP_MAX */
     uint64_t unimplemented_calls;       /* gRPC calls of methods prismd does not serve */
 } prismd_jobs_counters;
 

@@ -399,6 +399,8 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     add(&t, "prism_step_reports_total{outcome=\"late\"} %llu\n", (unsigned long long)snap->reports_dropped_late);
     add(&t, "prism_step_reports_total{outcome=\"repeated\"} %llu\n",
         (unsigned long long)snap->reports_dropped_repeated);
+    add(&t, "prism_step_reports_total{outcome=\"step_out_of_range\"} %llu\n",
+        (unsigned long long)snap->reports_step_out_of_range);
     family(&t, "prism_grpc_unimplemented_calls_total", "counter",
            "gRPC calls of methods prismd does not serve, answered UNIMPLEMENTED.");
     add(&t, "prism_grpc_unimplemented_calls_total %llu\n", (unsigned long long)snap->unimplemented_calls);

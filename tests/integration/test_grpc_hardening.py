@@ -159,5 +159,54 @@ class UnknownMethodTest(Base):
         self.assertEqual(tg.block_map(self.prismd, "job-after").job_id, "job-after")
 
 
+class StepBoundTest(Base):
+    """Item 3: step ids are bounded (PRISM_STEP_MAX) so that effective_step never wraps and every
+    step is exact as a JSON number; a report past the bound is refused and counted."""
+
+    def test_a_step_past_the_bound_is_refused_and_the_job_goes_on(self):
+        a = self.agent()
+        a.hello("job-s", 0, 1)
+        a.next()
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        u = a.next().update
+        self.assertEqual((u.decided_step, u.effective_step), (2, 5))
+        # The attack: 2^64 - 1 wrapped effective_step to 2 and froze the job.
+        a.step(2**64 - 1, (1.0, 3.0))
+        self.expect_error(a, grpc.StatusCode.INVALID_ARGUMENT,
+                          "step_report.step: %d is above the largest step id %d" % (2**64 - 1, STEP_MAX))
+        # The job goes on: the next steps decide (and flip both blocks).
+        a.step(3, (1.0, 100.0))
+        a.step(4, (1.0, 100.0))
+        u = a.next().update
+        self.assertEqual((u.decided_step, u.effective_step), (4, 7))
+        self.assertEqual(tg.precisions(u.blocks), [(0, pb.INT8), (1, pb.BF16)])
+        # The largest step is taken, and its effective step is exact in JSON.
+        a.step(STEP_MAX - 1, (100.0, 1.0))
+        a.step(STEP_MAX, (100.0, 1.0))
+        u = a.next().update
+        self.assertEqual((u.decided_step, u.effective_step), (STEP_MAX, STEP_MAX + 3))
+        doc = self.prismd.json_until("/v1/jobs/job-s/blocks", lambda d: d["step"] == STEP_MAX)
+        self.assertEqual((doc["decided_step"], doc["effective_step"]), (STEP_MAX, STEP_MAX + 3))
+        self.assertLessEqual(doc["effective_step"], 2**53 - 1)
+        # One past it is refused, not dropped as late.
+        a.step(STEP_MAX + 1, (1.0, 3.0))
+        self.expect_error(a, grpc.StatusCode.INVALID_ARGUMENT, "step_report.step: %d is above" % (STEP_MAX + 1))
+        wait_metric(self.prismd, 'prism_step_reports_total{outcome="step_out_of_range"}', 2)
+        self.assertEqual(metric(self.prismd, 'prism_step_reports_total{outcome="late"}'), 0)
+
+    def test_replay_refuses_a_trace_step_past_the_bound(self):
+        prismctl = os.path.join(tg.BUILD, "service", "prismctl")
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "trace.jsonl")
+            with open(trace, "w") as f:
+                for step in (1, STEP_MAX + 1):
+                    f.write(json.dumps({"step": step, "blocks": [{"id": 0, "l2": 1.0, "max_abs": 1.0,
+                                                                  "numel": 4}]}) + "\n")
+            p = subprocess.run([prismctl, "replay", trace], capture_output=True, text=True, timeout=tg.WAIT_S)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("trace.jsonl:2: step: expected an integer from 0 to %d" % STEP_MAX, p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
