@@ -206,6 +206,36 @@ prism_status prism_policy_set_calibration(prism_policy *p, prism_precision forma
     return st;
 }
 
+prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision format, const uint32_t *block_ids,
+                                           const double *errors, size_t count, size_t *bad, prism_error *err)
+{
+    *bad = 0;
+    if (format == PRISM_PRECISION_BF16 || (unsigned)format >= PRISM_PRECISION_COUNT)
+        return prism_error_set(err, PRISM_ERR_INVALID, "calibration format must be a low precision, got %s",
+                               prism_precision_name(format));
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(errors[i]) || errors[i] < 0) {
+            *bad = i;
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "block %u: calibration error %g must be a finite number >= 0", block_ids[i],
+                                   errors[i]);
+        }
+    }
+    /* Every slot exists before any error is written: a slot of a block never reported shows
+     * nowhere, so one made for a report that then fails changes nothing a caller sees. */
+    for (size_t i = 0; i < count; i++) {
+        uint32_t s;
+        prism_status st = slot_of(p, block_ids[i], &s, err);
+        if (st) {
+            *bad = i;
+            return st;
+        }
+    }
+    for (size_t i = 0; i < count; i++)
+        p->blocks[prism_idmap_get(&p->ids, block_ids[i])].calibration[format] = errors[i];
+    return PRISM_OK;
+}
+
 static double *window_of(prism_policy *p, uint32_t slot)
 {
     return p->windows + (size_t)slot * p->stride;

@@ -111,6 +111,12 @@ prism_status prism_policy_set_block_bytes(prism_policy *p, uint32_t block_id, ui
 prism_status prism_policy_set_calibration(prism_policy *p, prism_precision format, uint32_t block_id,
                                           double relative_error, prism_error *err);
 
+/* A whole calibration report: every error is checked (a low format, finite and >= 0) and every
+ * block given room before any is set, so on error nothing is changed and *bad is the index of
+ * the entry at fault. Used from the next decision on, as prism_policy_set_calibration. */
+prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision format, const uint32_t *block_ids,
+                                           const double *errors, size_t count, size_t *bad, prism_error *err);
+
 /* Feeds one complete step. Steps must come in increasing order and be at most PRISM_STEP_MAX;
  * block ids in one step must be distinct. On error nothing is changed. On a decision step runs
  * the decision. */

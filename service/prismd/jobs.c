@@ -794,6 +794,11 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     drain_steps(j, job, now_ms);
 }
 
+/* A CalibrationReport (DESIGN 4.5), validated whole and then applied whole: a refused report
+ * changes neither the job's policy nor the cache. Who may write the cache: a job writes the
+ * errors of its own registered layout only, under the fingerprint of that layout (the
+ * ModelLayout of its Hello); a report naming another fingerprint, or one sent by a job that
+ * registered no fingerprint, is refused with PERMISSION_DENIED. */
 static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__CalibrationReport *c)
 {
     prismd_job *job = peer->job;
@@ -815,31 +820,55 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     }
     if (message[0]) {
         j->counters.reports_rejected++;
+        j->counters.calibrations_malformed++;
         send_error(s, GRPC_STATUS_INVALID_ARGUMENT, message);
         return;
     }
-    for (size_t i = 0; i < c->n_errors; i++) {
-        if (prism_policy_set_calibration(job->policy, (prism_precision)c->format, c->errors[i]->block_id,
-                                         c->errors[i]->relative_error, &err)) {
-            send_error(s, GRPC_STATUS_INVALID_ARGUMENT, err.message);
-            return;
-        }
-    }
-    job->calibrated = true;
-    /* Cached under the report's fingerprint, else the job's. */
-    const uint8_t *fp = c->fingerprint.len ? c->fingerprint.data : job->fingerprint;
-    size_t fp_len = c->fingerprint.len ? c->fingerprint.len : job->fingerprint_len;
-    if (!j->store || !fp_len || !c->n_errors)
+    if (c->fingerprint.len && (c->fingerprint.len != job->fingerprint_len ||
+                               memcmp(c->fingerprint.data, job->fingerprint, job->fingerprint_len) != 0)) {
+        j->counters.calibrations_foreign++;
+        send_error(s, GRPC_STATUS_PERMISSION_DENIED,
+                   job->fingerprint_len
+                       ? "calibration.fingerprint: not the fingerprint of the job's model layout (a job may only "
+                         "calibrate its own model)"
+                       : "calibration.fingerprint: the job registered no model layout with a fingerprint (a job may "
+                         "only calibrate its own model)");
         return;
-    uint32_t *ids = malloc(c->n_errors * sizeof *ids);
-    double *errors = malloc(c->n_errors * sizeof *errors);
-    for (size_t i = 0; ids && errors && i < c->n_errors; i++) {
+    }
+    uint32_t *ids = malloc((c->n_errors ? c->n_errors : 1) * sizeof *ids);
+    double *errors = malloc((c->n_errors ? c->n_errors : 1) * sizeof *errors);
+    if (!ids || !errors) {
+        free(ids);
+        free(errors);
+        send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < c->n_errors; i++) {
         ids[i] = c->errors[i]->block_id;
         errors[i] = c->errors[i]->relative_error;
     }
-    if (!ids || !errors ||
-        prismd_store_save_calibration(j->store, fp, fp_len, (prism_precision)c->format, ids, errors, c->n_errors,
-                                      &err))
+    size_t bad;
+    if (prism_policy_set_calibrations(job->policy, (prism_precision)c->format, ids, errors, c->n_errors, &bad,
+                                      &err)) {
+        j->counters.reports_rejected++;
+        j->counters.calibrations_malformed++;
+        bool bad_format = c->format == PRISM__V1__PRECISION__BF16 || (unsigned)c->format >= PRISM_PRECISION_COUNT;
+        char why[700];
+        if (bad_format)
+            snprintf(why, sizeof why, "calibration.format: %s", err.message);
+        else
+            snprintf(why, sizeof why, "calibration.errors[%zu]: %s", bad, err.message);
+        send_error(s, GRPC_STATUS_INVALID_ARGUMENT, why);
+        free(ids);
+        free(errors);
+        return;
+    }
+    j->counters.calibrations_accepted++;
+    job->calibrated = true;
+    /* Cached under the job's own fingerprint (the report's, when it names one, is the same). */
+    if (j->store && job->fingerprint_len && c->n_errors &&
+        prismd_store_save_calibration(j->store, job->fingerprint, job->fingerprint_len, (prism_precision)c->format,
+                                      ids, errors, c->n_errors, &err))
         prism_log(PRISM_LOG_ERROR, "cannot cache calibration errors", "job", job->id, LOG_END);
     free(ids);
     free(errors);
@@ -1059,6 +1088,9 @@ static void publish(prismd_jobs *j)
     snap->agents_refused = c->streams_refused;
     snap->streams_broken = c->streams_broken;
     snap->reports_step_out_of_range = c->reports_step_out_of_range;
+    snap->calibrations_accepted = c->calibrations_accepted;
+    snap->calibrations_malformed = c->calibrations_malformed;
+    snap->calibrations_foreign = c->calibrations_foreign;
     snap->unimplemented_calls = c->unimplemented_calls;
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;

@@ -61,6 +61,9 @@ typedef struct prismd_jobs_counters {
     uint64_t streams_refused;  /* Connect streams ended for a bad Hello, token or order */
     uint64_t streams_broken;   /* Connect streams whose read failed: an oversized message, a lost peer */
     uint64_t reports_step_out_of_range; /* step reports refused: step id above PRISM_STEP_MAX */
+    uint64_t calibrations_accepted;
+    uint64_t calibrations_malformed;    /* refused whole: a bad format, value or block */
+    uint64_t calibrations_foreign;      /* refused: a fingerprint not the job's registered layout's */
     uint64_t unimplemented_calls;       /* gRPC calls of methods prismd does not serve */
 } prismd_jobs_counters;
 

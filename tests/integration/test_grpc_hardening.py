@@ -208,5 +208,85 @@ class StepBoundTest(Base):
         self.assertIn("trace.jsonl:2: step: expected an integer from 0 to %d" % STEP_MAX, p.stderr)
 
 
+LAYOUT_BLOCKS = [pb.BlockInfo(id=0, name="h.0", param_bytes_bf16=1000),
+                 pb.BlockInfo(id=1, name="h.1", param_bytes_bf16=3000)]
+
+
+def layout(fingerprint):
+    return pb.ModelLayout(fingerprint=fingerprint, model_id="m", blocks=LAYOUT_BLOCKS)
+
+
+def errors(*pairs):
+    return [pb.BlockError(block_id=b, relative_error=e) for b, e in pairs]
+
+
+class CalibrationTest(Base):
+    """Items 4 and 7: who may write the calibration cache, and whole-or-nothing reports."""
+
+    def hello(self, job, token, fingerprint=None):
+        a = self.agent(token)
+        a.send(hello=pb.Hello(job_id=job, rank=0, world_size=1,
+                              layout=layout(fingerprint) if fingerprint is not None else None))
+        return a, a.next().welcome
+
+    def cached(self, welcome):
+        return sorted((g.format, e.block_id, e.relative_error) for g in welcome.cached_errors for e in g.errors)
+
+    def test_a_job_cannot_write_the_cache_of_another_model(self):
+        fp_v, fp_a = bytes(range(32)), bytes(range(1, 33))
+        v, w = self.hello("job-v", "tok-v", fp_v)
+        self.assertTrue(w.calibration_needed)
+        v.send(calibration=pb.CalibrationReport(fingerprint=fp_v, format=pb.INT8, errors=errors((0, 0.01), (1, 0.05))))
+        # Job A, with its own token and its own model, sends V's fingerprint: refused.
+        a, _ = self.hello("job-a", "tok-a", fp_a)
+        a.send(calibration=pb.CalibrationReport(fingerprint=fp_v, format=pb.INT8, errors=errors((0, 0.9), (1, 0.9))))
+        self.expect_error(a, grpc.StatusCode.PERMISSION_DENIED,
+                          "calibration.fingerprint: not the fingerprint of the job's model layout")
+        # A job that registered no layout may not name a fingerprint either.
+        n, _ = self.hello("job-n", "tok-n")
+        n.step(1, (1.0, 1.0))
+        n.send(calibration=pb.CalibrationReport(fingerprint=fp_v, format=pb.INT8, errors=errors((0, 0.9))))
+        self.expect_error(n, grpc.StatusCode.PERMISSION_DENIED, "the job registered no model layout")
+        # A new job of V's model gets V's numbers, untouched.
+        _, w = self.hello("job-v2", "tok-v2", fp_v)
+        self.assertFalse(w.calibration_needed)
+        self.assertEqual(self.cached(w), [(pb.INT8, 0, 0.01), (pb.INT8, 1, 0.05)])
+        # A's own report (with its fingerprint, or none) is taken and cached under A's model.
+        a.send(calibration=pb.CalibrationReport(fingerprint=fp_a, format=pb.INT8, errors=errors((0, 0.2))))
+        a.send(calibration=pb.CalibrationReport(format=pb.INT8, errors=errors((1, 0.3))))
+        wait_metric(self.prismd, 'prism_calibration_reports_total{outcome="accepted"}', 3)
+        _, w = self.hello("job-a2", "tok-a2", fp_a)
+        self.assertEqual(self.cached(w), [(pb.INT8, 0, 0.2), (pb.INT8, 1, 0.3)])
+        self.assertEqual(metric(self.prismd, 'prism_calibration_reports_total{outcome="foreign_fingerprint"}'), 2)
+
+    def test_a_refused_calibration_report_changes_nothing(self):
+        fp = bytes(range(32))
+        a, _ = self.hello("job-p", "tok-p", fp)
+        # Block 0 fine, block 1 NaN: refused whole.
+        a.send(calibration=pb.CalibrationReport(fingerprint=fp, format=pb.INT8,
+                                                errors=errors((0, 0.05), (1, float("nan")))))
+        self.expect_error(a, grpc.StatusCode.INVALID_ARGUMENT, "block 1: calibration error nan must be a finite number")
+        a.send(calibration=pb.CalibrationReport(fingerprint=fp, format=pb.BF16, errors=errors((0, 0.05))))
+        self.expect_error(a, grpc.StatusCode.INVALID_ARGUMENT, "calibration format must be a low precision")
+        # The step report path refuses whole too: a bad block 1 leaves the rank free to report step 1.
+        a.send(step_report=pb.StepReport(step=1, blocks=[
+            pb.BlockGradStats(block_id=0, l2_norm=3.0, max_abs=1.0, numel=100),
+            pb.BlockGradStats(block_id=1, l2_norm=1.0, max_abs=1.0, numel=100, variance=-1.0)]))
+        self.assertEqual(a.next().error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        u = a.next().update
+        self.assertEqual((u.decided_step, tg.precisions(u.blocks)), (2, [(0, pb.BF16), (1, pb.INT8)]))
+        # No error score anywhere: block 0 did not get 0.05 (error_score 1.0) from the refused report.
+        doc = self.prismd.json_until("/v1/jobs/job-p/blocks", lambda d: d["telemetry"] is not None)
+        self.assertEqual([(b["id"], b["error_score"]) for b in doc["blocks"]], [(0, None), (1, None)])
+        self.assertEqual([b["sensitivity"] for b in doc["blocks"]], [0.75, 0.25])
+        # Nor was anything cached.
+        _, w = self.hello("job-p2", "tok-p2", fp)
+        self.assertTrue(w.calibration_needed)
+        self.assertEqual(self.cached(w), [])
+        wait_metric(self.prismd, 'prism_calibration_reports_total{outcome="malformed"}', 2)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
