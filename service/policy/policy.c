@@ -648,8 +648,7 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
         block *b = &p->blocks[slot];
         if (b->reported)
             return prism_error_set(err, PRISM_ERR_INVALID, "block %u is saved twice", r->view.id);
-        b->view = r->view;
-        b->view.has_score = false; /* scores are recomputed at the next decision */
+        b->view = r->view; /* the scores of the last decision too, as they were served */
         b->reported = true;
         b->assigned = r->assigned;
         memcpy(b->calibration, r->calibration, sizeof b->calibration);

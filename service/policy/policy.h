@@ -160,8 +160,9 @@ void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out
  * must point to room for PRISM_WINDOW_MAX doubles. */
 void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_record *out);
 
-/* Puts a saved state into a policy that has seen no step yet. Windows longer than the config's
- * history_window keep their newest values. */
+/* Puts a saved state into a policy that has seen no step yet. Each block's view (its scores of
+ * the last decision included) is shown as saved until the next decision recomputes it. Windows
+ * longer than the config's history_window keep their newest values. */
 prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *progress,
                                   const prism_block_record *blocks, size_t count, prism_error *err);
 

@@ -103,6 +103,8 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
         return false;
     job->decided_step = saved->decided_step;
     job->effective_step = saved->effective_step;
+    job->has_summary = saved->has_summary;
+    job->summary = saved->summary;
     prism_policy_progress progress;
     prism_policy_progress_get(job->policy, &progress);
     if (progress.has_last_step)
@@ -729,7 +731,8 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             continue;
         /* A map is durable before it is sent (DESIGN 7). */
         if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
-                                                r.changes, r.change_count, &err)) {
+                                                r.changes, r.change_count, job->has_summary ? &job->summary : NULL,
+                                                &err)) {
             j->counters.store_errors++;
             prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
                        err.message, LOG_END);

@@ -288,5 +288,80 @@ class CalibrationTest(Base):
         wait_metric(self.prismd, 'prism_calibration_reports_total{outcome="malformed"}', 2)
 
 
+class RestartTest(Base):
+    """Item 8: after kill -9 and a restart on the same data dir, the scores and the telemetry
+    summary are served exactly as before."""
+
+    def test_scores_and_summary_survive_kill_9(self):
+        fp = bytes(range(32))
+        a = self.agent("tok-r")
+        a.send(hello=pb.Hello(job_id="job-r", rank=0, world_size=1, layout=layout(fp)))
+        a.next()
+        a.send(calibration=pb.CalibrationReport(fingerprint=fp, format=pb.INT8, errors=errors((0, 0.01), (1, 0.02))))
+        a.step(1, (3.0, 1.0))
+        a.step(2, (3.0, 1.0))
+        u = a.next().update
+        self.assertEqual(u.decided_step, 2)
+        blocks_before = self.prismd.json_until("/v1/jobs/job-r/blocks", lambda d: d["telemetry"] is not None)
+        self.assertIsNotNone(blocks_before["blocks"][1]["grad_score"])
+        self.assertIsNotNone(blocks_before["blocks"][1]["error_score"])
+        job_before = self.prismd.json_until("/v1/jobs", lambda d: True)["jobs"]
+        map_before = tg.block_map(self.prismd, "job-r", "tok-r")
+        self.assertTrue(all(b.HasField("sensitivity") for b in map_before.blocks))
+        a.close()
+        self.agents.remove(a)
+
+        self.prismd.kill()
+        self.prismd = tg.Prismd(reuse=self.prismd)
+
+        self.assertEqual(tg.block_map(self.prismd, "job-r", "tok-r"), map_before)
+        b = self.agent("tok-r")
+        b.send(hello=pb.Hello(job_id="job-r", rank=0, world_size=1, layout=layout(fp)))
+        w = b.next().welcome
+        self.assertEqual(list(w.map.blocks), list(map_before.blocks))
+        self.assertEqual(blocks_before["agents_connected"], 1)
+        self.assertEqual(self.prismd.json_until("/v1/jobs/job-r/blocks", lambda d: d["agents_connected"] == 1),
+                         blocks_before)
+        self.assertEqual(self.prismd.json_until("/v1/jobs", lambda d: d["jobs"][0]["agents_connected"] == 1)["jobs"],
+                         job_before)
+
+    def test_a_schema_1_store_is_migrated(self):
+        """A data dir written by a prismd of schema 1 (no summary column, PRB1 blocks) opens,
+        its job comes back, and the store says schema 2."""
+        import sqlite3
+        self.prismd.stop()
+        d = tempfile.mkdtemp(prefix="prism-grpc-test-")
+        os.makedirs(os.path.join(d, "data"))
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(tg.CONFIG, f)
+        db = sqlite3.connect(os.path.join(d, "data", "prism.db"))
+        db.executescript(
+            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE jobs(id TEXT PRIMARY KEY, token TEXT, world_size INTEGER NOT NULL, config TEXT NOT NULL);"
+            "CREATE TABLE job_state(job_id TEXT PRIMARY KEY REFERENCES jobs(id), map_version INTEGER NOT NULL,"
+            " decided_step INTEGER NOT NULL, effective_step INTEGER NOT NULL, steps_collected INTEGER NOT NULL,"
+            " has_last_step INTEGER NOT NULL, last_step INTEGER NOT NULL, blocks BLOB NOT NULL);"
+            "INSERT INTO meta VALUES('schema_version', '1');"
+            "INSERT INTO jobs VALUES('job-old', NULL, 1, '{}');")
+        # One block (id 4, int8 by score at step 6), PRB1 layout of store.c.
+        import struct
+        blob = b"PRB1" + struct.pack("<I", 1) + struct.pack("<I4BQQ5dI", 4, 1, 1, 3, 0, 6, 0, *([float("nan")] * 5), 0)
+        db.execute("INSERT INTO job_state VALUES('job-old', 1, 6, 7, 6, 1, 6, ?)", (blob,))
+        db.commit()
+        db.close()
+        stub = type("Stopped", (), {"dir": d})()
+        self.prismd = tg.Prismd(reuse=stub)
+        doc = self.prismd.json_until("/v1/jobs/job-old/blocks", lambda d: True)
+        self.assertEqual((doc["step"], doc["map_version"], doc["telemetry"]), (6, 1, None))
+        self.assertEqual([(b["id"], b["precision"], b["sensitivity"], b["last_switch_step"]) for b in doc["blocks"]],
+                         [(4, "int8", None, 6)])
+        db = sqlite3.connect(os.path.join(d, "data", "prism.db"))
+        try:
+            self.assertEqual(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone(), ("2",))
+            self.assertIn("summary", [r[1] for r in db.execute("PRAGMA table_info(job_state)")])
+        finally:
+            db.close()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
