@@ -68,7 +68,7 @@ static const prism_config_key keys[] = {
      0, false, NULL, "telemetry JSONL file name (inside the job's data directory)"},
     {"low_precision", PRISM_CFG_CHOICE, OFF(low_precision), "\"int8\"", 0, 0, false, low_choices,
      "format a block gets when it leaves bf16"},
-    {"apply_lag_steps", PRISM_CFG_INT, OFF(apply_lag_steps), "1", 0, 1e6, false, NULL,
+    {"apply_lag_steps", PRISM_CFG_INT, OFF(apply_lag_steps), "1", 0, PRISM_APPLY_LAG_STEPS_MAX, false, NULL,
      "a decision at step s takes effect at step s + apply_lag_steps on every rank"},
     {"step_timeout_ms", PRISM_CFG_INT, OFF(step_timeout_ms), "2000", 1, 3.6e6, false, NULL,
      "a step completes this long after its first report even if ranks are missing"},

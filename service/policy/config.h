@@ -8,6 +8,15 @@
 #include <jansson.h>
 #include <stdio.h>
 
+/* The largest apply_lag_steps a config may set. */
+#define PRISM_APPLY_LAG_STEPS_MAX 1000000
+
+/* The largest step id anything of Prism takes (reports, traces, replays): 2^53 - 1 less the
+ * largest lag, so that a step and every step derived from it (effective_step = step +
+ * apply_lag_steps) neither wraps nor loses precision as a JSON number read by JavaScript. A
+ * report or trace line with a larger step is refused. */
+#define PRISM_STEP_MAX ((UINT64_C(1) << 53) - 1 - PRISM_APPLY_LAG_STEPS_MAX)
+
 typedef enum prism_mode {
     PRISM_MODE_OFF = 0,     /* bf16 except overrides; no scores computed */
     PRISM_MODE_STATIC = 1,  /* overrides only, every other block bf16; scores computed and reported */

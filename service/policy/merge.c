@@ -287,6 +287,9 @@ prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, boo
     if (rank >= m->world_size)
         return prism_error_set(err, PRISM_ERR_INVALID, "rank %u is not below world_size %u", rank,
                                m->world_size);
+    if (step > PRISM_STEP_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "step %llu is above the largest step id %llu",
+                               (unsigned long long)step, (unsigned long long)PRISM_STEP_MAX);
     prism_status st;
     for (size_t i = 0; i < count; i++)
         if ((st = prism_block_stats_check(&blocks[i], err)))

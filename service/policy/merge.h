@@ -44,8 +44,8 @@ void prism_merger_destroy(prism_merger *m);
  * after another, allows many). Returns PRISM_ERR_INVALID for a zero limit. */
 prism_status prism_merger_set_limits(prism_merger *m, size_t max_open_steps, size_t max_blocks, prism_error *err);
 
-/* Adds one rank's report. A malformed report (rank >= world_size, duplicate block ids, bad
- * figures) is an error; a report with a block id beyond max_blocks is PRISM_ERR_LIMIT; a
+/* Adds one rank's report. A malformed report (rank >= world_size, a step above PRISM_STEP_MAX,
+ * duplicate block ids, bad figures) is an error; a report with a block id beyond max_blocks is PRISM_ERR_LIMIT; a
  * late or repeated one is dropped, counted and reported in *outcome. None of these changes a
  * step. Sums saturate: numel and nonfinite never wrap. */
 prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, bool has_loss, double loss,

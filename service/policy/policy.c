@@ -206,6 +206,36 @@ prism_status prism_policy_set_calibration(prism_policy *p, prism_precision forma
     return st;
 }
 
+prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision format, const uint32_t *block_ids,
+                                           const double *errors, size_t count, size_t *bad, prism_error *err)
+{
+    *bad = 0;
+    if (format == PRISM_PRECISION_BF16 || (unsigned)format >= PRISM_PRECISION_COUNT)
+        return prism_error_set(err, PRISM_ERR_INVALID, "calibration format must be a low precision, got %s",
+                               prism_precision_name(format));
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(errors[i]) || errors[i] < 0) {
+            *bad = i;
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "block %u: calibration error %g must be a finite number >= 0", block_ids[i],
+                                   errors[i]);
+        }
+    }
+    /* Every slot exists before any error is written: a slot of a block never reported shows
+     * nowhere, so one made for a report that then fails changes nothing a caller sees. */
+    for (size_t i = 0; i < count; i++) {
+        uint32_t s;
+        prism_status st = slot_of(p, block_ids[i], &s, err);
+        if (st) {
+            *bad = i;
+            return st;
+        }
+    }
+    for (size_t i = 0; i < count; i++)
+        p->blocks[prism_idmap_get(&p->ids, block_ids[i])].calibration[format] = errors[i];
+    return PRISM_OK;
+}
+
 static double *window_of(prism_policy *p, uint32_t slot)
 {
     return p->windows + (size_t)slot * p->stride;
@@ -468,6 +498,9 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_b
                                    size_t count, prism_step_result *out, prism_error *err)
 {
     memset(out, 0, sizeof *out);
+    if (step > PRISM_STEP_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "step %llu is above the largest step id %llu",
+                               (unsigned long long)step, (unsigned long long)PRISM_STEP_MAX);
     if (p->has_last_step && step <= p->last_step)
         return prism_error_set(err, PRISM_ERR_STATE, "step %llu is not after the last step %llu",
                                (unsigned long long)step, (unsigned long long)p->last_step);
@@ -615,8 +648,7 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
         block *b = &p->blocks[slot];
         if (b->reported)
             return prism_error_set(err, PRISM_ERR_INVALID, "block %u is saved twice", r->view.id);
-        b->view = r->view;
-        b->view.has_score = false; /* scores are recomputed at the next decision */
+        b->view = r->view; /* the scores of the last decision too, as they were served */
         b->reported = true;
         b->assigned = r->assigned;
         memcpy(b->calibration, r->calibration, sizeof b->calibration);

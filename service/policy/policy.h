@@ -111,8 +111,15 @@ prism_status prism_policy_set_block_bytes(prism_policy *p, uint32_t block_id, ui
 prism_status prism_policy_set_calibration(prism_policy *p, prism_precision format, uint32_t block_id,
                                           double relative_error, prism_error *err);
 
-/* Feeds one complete step. Steps must come in increasing order; block ids in one step must be
- * distinct. On error nothing is changed. On a decision step runs the decision. */
+/* A whole calibration report: every error is checked (a low format, finite and >= 0) and every
+ * block given room before any is set, so on error nothing is changed and *bad is the index of
+ * the entry at fault. Used from the next decision on, as prism_policy_set_calibration. */
+prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision format, const uint32_t *block_ids,
+                                           const double *errors, size_t count, size_t *bad, prism_error *err);
+
+/* Feeds one complete step. Steps must come in increasing order and be at most PRISM_STEP_MAX;
+ * block ids in one step must be distinct. On error nothing is changed. On a decision step runs
+ * the decision. */
 prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
                                    size_t count, prism_step_result *out, prism_error *err);
 
@@ -153,8 +160,9 @@ void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out
  * must point to room for PRISM_WINDOW_MAX doubles. */
 void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_record *out);
 
-/* Puts a saved state into a policy that has seen no step yet. Windows longer than the config's
- * history_window keep their newest values. */
+/* Puts a saved state into a policy that has seen no step yet. Each block's view (its scores of
+ * the last decision included) is shown as saved until the next decision recomputes it. Windows
+ * longer than the config's history_window keep their newest values. */
 prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *progress,
                                   const prism_block_record *blocks, size_t count, prism_error *err);
 

@@ -141,7 +141,8 @@ static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_
     static const char *const block_keys[] = {"id", "l2", "max_abs", "mean", "variance", "numel", "nonfinite", NULL};
     prism_status st;
     uint64_t rank = 0;
-    if ((st = only_keys(root, keys, "", err)) || (st = get_uint(root, "step", "", true, INT64_MAX, &r->step, err)) ||
+    if ((st = only_keys(root, keys, "", err)) ||
+        (st = get_uint(root, "step", "", true, PRISM_STEP_MAX, &r->step, err)) ||
         (st = get_uint(root, "rank", "", false, UINT32_MAX - 1, &rank, err)))
         return st;
     r->rank = (uint32_t)rank;

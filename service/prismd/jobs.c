@@ -103,6 +103,8 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
         return false;
     job->decided_step = saved->decided_step;
     job->effective_step = saved->effective_step;
+    job->has_summary = saved->has_summary;
+    job->summary = saved->summary;
     prism_policy_progress progress;
     prism_policy_progress_get(job->policy, &progress);
     if (progress.has_last_step)
@@ -729,7 +731,8 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             continue;
         /* A map is durable before it is sent (DESIGN 7). */
         if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
-                                                r.changes, r.change_count, &err)) {
+                                                r.changes, r.change_count, job->has_summary ? &job->summary : NULL,
+                                                &err)) {
             j->counters.store_errors++;
             prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
                        err.message, LOG_END);
@@ -747,6 +750,16 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
                            int64_t now_ms)
 {
     prismd_job *job = peer->job;
+    if (r->step > PRISM_STEP_MAX) {
+        /* Refused before the merger sees it: a step past the bound would wrap effective_step
+         * (or lose precision in JSON) and make every later report late. */
+        j->counters.reports_step_out_of_range++;
+        char message[200];
+        snprintf(message, sizeof message, "step_report.step: %llu is above the largest step id %llu (2^53 - 1 less "
+                 "the largest apply_lag_steps)", (unsigned long long)r->step, (unsigned long long)PRISM_STEP_MAX);
+        send_error(s, GRPC_STATUS_INVALID_ARGUMENT, message);
+        return;
+    }
     prism_block_stats *blocks = malloc((r->n_blocks ? r->n_blocks : 1) * sizeof *blocks);
     if (!blocks) {
         send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -784,6 +797,11 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     drain_steps(j, job, now_ms);
 }
 
+/* A CalibrationReport (DESIGN 4.5), validated whole and then applied whole: a refused report
+ * changes neither the job's policy nor the cache. Who may write the cache: a job writes the
+ * errors of its own registered layout only, under the fingerprint of that layout (the
+ * ModelLayout of its Hello); a report naming another fingerprint, or one sent by a job that
+ * registered no fingerprint, is refused with PERMISSION_DENIED. */
 static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__CalibrationReport *c)
 {
     prismd_job *job = peer->job;
@@ -805,31 +823,55 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     }
     if (message[0]) {
         j->counters.reports_rejected++;
+        j->counters.calibrations_malformed++;
         send_error(s, GRPC_STATUS_INVALID_ARGUMENT, message);
         return;
     }
-    for (size_t i = 0; i < c->n_errors; i++) {
-        if (prism_policy_set_calibration(job->policy, (prism_precision)c->format, c->errors[i]->block_id,
-                                         c->errors[i]->relative_error, &err)) {
-            send_error(s, GRPC_STATUS_INVALID_ARGUMENT, err.message);
-            return;
-        }
-    }
-    job->calibrated = true;
-    /* Cached under the report's fingerprint, else the job's. */
-    const uint8_t *fp = c->fingerprint.len ? c->fingerprint.data : job->fingerprint;
-    size_t fp_len = c->fingerprint.len ? c->fingerprint.len : job->fingerprint_len;
-    if (!j->store || !fp_len || !c->n_errors)
+    if (c->fingerprint.len && (c->fingerprint.len != job->fingerprint_len ||
+                               memcmp(c->fingerprint.data, job->fingerprint, job->fingerprint_len) != 0)) {
+        j->counters.calibrations_foreign++;
+        send_error(s, GRPC_STATUS_PERMISSION_DENIED,
+                   job->fingerprint_len
+                       ? "calibration.fingerprint: not the fingerprint of the job's model layout (a job may only "
+                         "calibrate its own model)"
+                       : "calibration.fingerprint: the job registered no model layout with a fingerprint (a job may "
+                         "only calibrate its own model)");
         return;
-    uint32_t *ids = malloc(c->n_errors * sizeof *ids);
-    double *errors = malloc(c->n_errors * sizeof *errors);
-    for (size_t i = 0; ids && errors && i < c->n_errors; i++) {
+    }
+    uint32_t *ids = malloc((c->n_errors ? c->n_errors : 1) * sizeof *ids);
+    double *errors = malloc((c->n_errors ? c->n_errors : 1) * sizeof *errors);
+    if (!ids || !errors) {
+        free(ids);
+        free(errors);
+        send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < c->n_errors; i++) {
         ids[i] = c->errors[i]->block_id;
         errors[i] = c->errors[i]->relative_error;
     }
-    if (!ids || !errors ||
-        prismd_store_save_calibration(j->store, fp, fp_len, (prism_precision)c->format, ids, errors, c->n_errors,
-                                      &err))
+    size_t bad;
+    if (prism_policy_set_calibrations(job->policy, (prism_precision)c->format, ids, errors, c->n_errors, &bad,
+                                      &err)) {
+        j->counters.reports_rejected++;
+        j->counters.calibrations_malformed++;
+        bool bad_format = c->format == PRISM__V1__PRECISION__BF16 || (unsigned)c->format >= PRISM_PRECISION_COUNT;
+        char why[700];
+        if (bad_format)
+            snprintf(why, sizeof why, "calibration.format: %s", err.message);
+        else
+            snprintf(why, sizeof why, "calibration.errors[%zu]: %s", bad, err.message);
+        send_error(s, GRPC_STATUS_INVALID_ARGUMENT, why);
+        free(ids);
+        free(errors);
+        return;
+    }
+    j->counters.calibrations_accepted++;
+    job->calibrated = true;
+    /* Cached under the job's own fingerprint (the report's, when it names one, is the same). */
+    if (j->store && job->fingerprint_len && c->n_errors &&
+        prismd_store_save_calibration(j->store, job->fingerprint, job->fingerprint_len, (prism_precision)c->format,
+                                      ids, errors, c->n_errors, &err))
         prism_log(PRISM_LOG_ERROR, "cannot cache calibration errors", "job", job->id, LOG_END);
     free(ids);
     free(errors);
@@ -864,6 +906,12 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
     if (!ok)
         j->counters.streams_refused++;
     return ok;
+}
+
+void prismd_jobs_count_unimplemented(prismd_jobs *j)
+{
+    j->counters.unimplemented_calls++;
+    j->dirty = true;
 }
 
 void prismd_jobs_stream_broken(prismd_jobs *j)
@@ -1042,6 +1090,11 @@ static void publish(prismd_jobs *j)
     snap->store_errors = c->store_errors;
     snap->agents_refused = c->streams_refused;
     snap->streams_broken = c->streams_broken;
+    snap->reports_step_out_of_range = c->reports_step_out_of_range;
+    snap->calibrations_accepted = c->calibrations_accepted;
+    snap->calibrations_malformed = c->calibrations_malformed;
+    snap->calibrations_foreign = c->calibrations_foreign;
+    snap->unimplemented_calls = c->unimplemented_calls;
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;
     snap->decision_seconds = j->decision_seconds;

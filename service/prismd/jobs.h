@@ -60,6 +60,11 @@ typedef struct prismd_jobs_counters {
     uint64_t store_errors;     /* state not saved: its map was not sent */
     uint64_t streams_refused;  /* Connect streams ended for a bad Hello, token or order */
     uint64_t streams_broken;   /* Connect streams whose read failed: an oversized message, a lost peer */
+    uint64_t reports_step_out_of_range; /* step reports refused: step id above PRISM_STEP_MAX */
+    uint64_t calibrations_accepted;
+    uint64_t calibrations_malformed;    /* refused whole: a bad format, value or block */
+    uint64_t calibrations_foreign;      /* refused: a fingerprint not the job's registered layout's */
+    uint64_t unimplemented_calls;       /* gRPC calls of methods prismd does not serve */
 } prismd_jobs_counters;
 
 /* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the
@@ -75,6 +80,9 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
 
 /* A Connect stream's read failed (rpc.c cannot tell an oversized message from a lost peer). */
 void prismd_jobs_stream_broken(prismd_jobs *j);
+
+/* A call of a method prismd does not serve was answered UNIMPLEMENTED (counted for /metrics). */
+void prismd_jobs_count_unimplemented(prismd_jobs *j);
 
 /* A Connect or Watch stream is gone: forget it. */
 void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer);

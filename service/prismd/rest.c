@@ -399,6 +399,19 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     add(&t, "prism_step_reports_total{outcome=\"late\"} %llu\n", (unsigned long long)snap->reports_dropped_late);
     add(&t, "prism_step_reports_total{outcome=\"repeated\"} %llu\n",
         (unsigned long long)snap->reports_dropped_repeated);
+    add(&t, "prism_step_reports_total{outcome=\"step_out_of_range\"} %llu\n",
+        (unsigned long long)snap->reports_step_out_of_range);
+    family(&t, "prism_calibration_reports_total", "counter",
+           "Calibration reports received from agents, by outcome (a refused report changes nothing).");
+    add(&t, "prism_calibration_reports_total{outcome=\"accepted\"} %llu\n",
+        (unsigned long long)snap->calibrations_accepted);
+    add(&t, "prism_calibration_reports_total{outcome=\"malformed\"} %llu\n",
+        (unsigned long long)snap->calibrations_malformed);
+    add(&t, "prism_calibration_reports_total{outcome=\"foreign_fingerprint\"} %llu\n",
+        (unsigned long long)snap->calibrations_foreign);
+    family(&t, "prism_grpc_unimplemented_calls_total", "counter",
+           "gRPC calls of methods prismd does not serve, answered UNIMPLEMENTED.");
+    add(&t, "prism_grpc_unimplemented_calls_total %llu\n", (unsigned long long)snap->unimplemented_calls);
     family(&t, "prism_block_records_received_total", "counter", "Per-block statistics records accepted.");
     add(&t, "prism_block_records_received_total %llu\n", (unsigned long long)snap->block_records);
     family(&t, "prism_decisions_total", "counter", "Policy decisions made.");

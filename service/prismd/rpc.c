@@ -31,8 +31,18 @@
 /* Shutdown: calls get this long to finish after their status was sent, then are cancelled. */
 #define DRAIN_MS 2000
 
-typedef enum call_kind { CALL_CONNECT, CALL_GET_MAP, CALL_WATCH } call_kind;
-static const char *const call_names[] = {"Connect", "GetBlockMap", "Watch"};
+/* CALL_UNKNOWN: a call of any method prismd does not serve, requested apart from the registered
+ * ones (grpc_server_request_call) and answered UNIMPLEMENTED at once, so that it neither waits
+ * for the client's deadline nor stays in memory until then. */
+typedef enum call_kind { CALL_CONNECT, CALL_GET_MAP, CALL_WATCH, CALL_UNKNOWN } call_kind;
+#define CALL_KINDS 4
+static const char *const call_names[CALL_KINDS] = {"Connect", "GetBlockMap", "Watch", "unknown method"};
+
+/* Calls answered in one batch as they arrive, with no stream to end at shutdown. */
+static bool answered_at_once(call_kind kind)
+{
+    return kind == CALL_GET_MAP || kind == CALL_UNKNOWN;
+}
 
 typedef enum tag_kind { TAG_NEW, TAG_READ, TAG_WRITE, TAG_STATUS, TAG_CLOSE, TAG_SHUTDOWN } tag_kind;
 
@@ -53,6 +63,7 @@ struct prismd_stream {
     grpc_call *call;
     gpr_timespec deadline;
     grpc_metadata_array md;
+    grpc_call_details details; /* CALL_UNKNOWN only: the method that was called */
     grpc_byte_buffer *payload; /* the request of GetBlockMap and Watch */
     grpc_byte_buffer *recv;    /* a Connect read in flight */
     call_tag t_new, t_read, t_write, t_status, t_close;
@@ -125,6 +136,8 @@ static void call_free(prismd_stream *s)
     if (s->has_details)
         grpc_slice_unref(s->end_details);
     grpc_metadata_array_destroy(&s->md);
+    if (s->kind == CALL_UNKNOWN)
+        grpc_call_details_destroy(&s->details);
     if (s->call)
         grpc_call_unref(s->call);
     free(s->peer.auth);
@@ -348,13 +361,38 @@ static void on_get_block_map(prismd_stream *s)
         grpc_byte_buffer_destroy(bb);
 }
 
+/* Answers a call of a method prismd does not serve with UNIMPLEMENTED, in one batch that also
+ * waits for the call to close: the call is freed when that batch completes. Nothing is read. */
+static void on_unknown_method(prismd_stream *s)
+{
+    size_t len = GRPC_SLICE_LENGTH(s->details.method);
+    char message[320];
+    snprintf(message, sizeof message, "method %.*s%s is not served by prismd (prism.v1.PolicyService has "
+             "Connect, GetBlockMap and Watch)", (int)(len > 200 ? 200 : len),
+             (const char *)GRPC_SLICE_START_PTR(s->details.method), len > 200 ? "..." : "");
+    s->end_details = grpc_slice_from_copied_string(message);
+    s->has_details = true;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[1].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+    ops[1].data.send_status_from_server.status_details = &s->end_details;
+    ops[2].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[2].data.recv_close_on_server.cancelled = &s->cancelled;
+    s->md_sent = true;
+    s->ending = true;
+    prismd_jobs_count_unimplemented(s->rpc->jobs);
+    start_batch(s, ops, 3, &s->t_close);
+}
+
 static void on_call_started(prismd_stream *s)
 {
     s->started = true;
     s->peer.auth = bearer_token(&s->md);
     prismd_rpc *r = s->rpc;
     request_call(r, s->kind); /* the next call of this method */
-    if (r->shutting_down && s->kind != CALL_GET_MAP) {
+    if (r->shutting_down && !answered_at_once(s->kind)) {
         start_close_watch(s);
         call_end(s, GRPC_STATUS_UNAVAILABLE, "prismd is shutting down");
         return;
@@ -366,6 +404,9 @@ static void on_call_started(prismd_stream *s)
         break;
     case CALL_GET_MAP:
         on_get_block_map(s);
+        break;
+    case CALL_UNKNOWN:
+        on_unknown_method(s);
         break;
     case CALL_WATCH: {
         start_close_watch(s);
@@ -479,9 +520,14 @@ static void request_call(prismd_rpc *r, call_kind kind)
     if (r->live)
         r->live->prev = s;
     r->live = s;
-    grpc_call_error e = grpc_server_request_registered_call(r->server, r->methods[kind], &s->call, &s->deadline,
-                                                            &s->md, kind == CALL_CONNECT ? NULL : &s->payload,
-                                                            r->cq, r->cq, &s->t_new);
+    grpc_call_error e;
+    if (kind == CALL_UNKNOWN) {
+        grpc_call_details_init(&s->details);
+        e = grpc_server_request_call(r->server, &s->call, &s->details, &s->md, r->cq, r->cq, &s->t_new);
+    } else {
+        e = grpc_server_request_registered_call(r->server, r->methods[kind], &s->call, &s->deadline, &s->md,
+                                                kind == CALL_CONNECT ? NULL : &s->payload, r->cq, r->cq, &s->t_new);
+    }
     if (e != GRPC_CALL_OK) {
         prism_log(PRISM_LOG_ERROR, "cannot wait for calls", "call", call_names[kind], LOG_END);
         call_free(s);
@@ -502,7 +548,7 @@ static void process(prismd_rpc *r, gpr_timespec deadline)
 static void *policy_thread(void *arg)
 {
     prismd_rpc *r = arg;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < CALL_KINDS; k++)
         request_call(r, (call_kind)k);
     while (!atomic_load(&r->stop)) {
         if (r->commands)
@@ -520,7 +566,7 @@ static void *policy_thread(void *arg)
     if (r->commands)
         prismd_commands_close(r->commands);
     for (prismd_stream *s = r->live; s; s = s->next)
-        if (s->started && s->kind != CALL_GET_MAP)
+        if (s->started && !answered_at_once(s->kind))
             call_end(s, GRPC_STATUS_UNAVAILABLE, "prismd is shutting down");
     grpc_server_shutdown_and_notify(r->server, r->cq, &r->t_shutdown);
     int64_t give_up = now_ms() + DRAIN_MS;

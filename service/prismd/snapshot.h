@@ -45,6 +45,8 @@ typedef struct prismd_snapshot {
     /* service-wide counters */
     uint64_t reports_accepted, reports_rejected, reports_dropped_late, reports_dropped_repeated;
     uint64_t block_records, decisions, updates_sent, store_errors, agents_refused, streams_broken;
+    uint64_t reports_step_out_of_range, calibrations_accepted, calibrations_malformed, calibrations_foreign;
+    uint64_t unimplemented_calls;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */
     uint64_t decision_count;
     double decision_seconds;

@@ -1,9 +1,17 @@
 /* The store (store.h). A job's blocks are saved as one blob per state row: one row written per
  * decision whatever the number of blocks, and read back whole at start. Blob layout, host byte
  * order (little-endian on every machine Prism runs on):
- *   "PRB1" u32 count, then per block: u32 id, u8 precision, u8 reason, u8 flags (1 has_switch,
+ *   "PRB2" u32 count, then per block: u32 id, u8 precision, u8 reason, u8 flags (1 has_switch,
  *   2 assigned), u8 0, u64 last_switch_step, u64 param_bytes_bf16, f64 calibration[5],
- *   u32 window_len, f64 window[window_len] (oldest first). */
+ *   u32 window_len, f64 window[window_len] (oldest first), then the scores of the last
+ *   decision: u8 flags (1 has_score, 2 has_error_score), u8 0[7], f64 sensitivity, grad_score,
+ *   relative_magnitude, error_score.
+ * "PRB1" blobs (schema 1) are read too: the same less the scores, which come back unknown.
+ * The summary column holds the telemetry summary of the job's last decision (NULL: none):
+ *   "PRS1" u32 low_precision, u64 step_id, map_version, blocks_bf16, blocks_low,
+ *   precision_changes, scored, f64 mean_sensitivity, max_sensitivity, min_sensitivity,
+ *   bandwidth_saving_pct.
+ * Schema 2 added job_state.summary and the scores; a schema 1 store is migrated when opened. */
 #define _POSIX_C_SOURCE 200809L
 #include "store.h"
 
@@ -14,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SCHEMA_VERSION "1"
+#define SCHEMA_VERSION "2"
 
 struct prismd_store {
     sqlite3 *db;
@@ -27,7 +35,7 @@ static const char *const schema =
     " config TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS job_state(job_id TEXT PRIMARY KEY REFERENCES jobs(id), map_version INTEGER NOT NULL,"
     " decided_step INTEGER NOT NULL, effective_step INTEGER NOT NULL, steps_collected INTEGER NOT NULL,"
-    " has_last_step INTEGER NOT NULL, last_step INTEGER NOT NULL, blocks BLOB NOT NULL);"
+    " has_last_step INTEGER NOT NULL, last_step INTEGER NOT NULL, blocks BLOB NOT NULL, summary BLOB);"
     "CREATE TABLE IF NOT EXISTS switches(job_id TEXT NOT NULL, block_id INTEGER NOT NULL, from_precision TEXT NOT NULL,"
     " to_precision TEXT NOT NULL, step INTEGER NOT NULL, reason TEXT NOT NULL, map_version INTEGER NOT NULL);"
     "CREATE INDEX IF NOT EXISTS switches_by_block ON switches(job_id, block_id, step);"
@@ -48,6 +56,42 @@ static prism_status exec(prismd_store *s, const char *sql, prism_error *err)
         sqlite3_free(msg);
         return st;
     }
+    return PRISM_OK;
+}
+
+/* The store's schema version as text in out ("" when the store has none). */
+static void schema_version(prismd_store *s, char *out, size_t len)
+{
+    sqlite3_stmt *version = NULL;
+    out[0] = '\0';
+    if (sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key='schema_version'", -1, &version, NULL) ==
+            SQLITE_OK &&
+        sqlite3_step(version) == SQLITE_ROW && sqlite3_column_text(version, 0))
+        snprintf(out, len, "%s", (const char *)sqlite3_column_text(version, 0));
+    sqlite3_finalize(version);
+}
+
+/* Brings a store of schema 1 to schema 2 in one transaction (job_state gains its summary
+ * column; saved blocks keep their PRB1 blobs, read as before); refuses any other version. */
+static prism_status migrate(prismd_store *s, const char *path, prism_error *err)
+{
+    char version[32];
+    schema_version(s, version, sizeof version);
+    if (strcmp(version, "1") == 0) {
+        prism_status rc = exec(s, "BEGIN IMMEDIATE; ALTER TABLE job_state ADD COLUMN summary BLOB;"
+                                  " UPDATE meta SET value = '" SCHEMA_VERSION "' WHERE key = 'schema_version';"
+                                  " COMMIT;", err);
+        if (rc) {
+            if (!sqlite3_get_autocommit(s->db))
+                exec(s, "ROLLBACK", NULL);
+            prism_error_prefix(err, "%s: migrating schema 1 to %s", path, SCHEMA_VERSION);
+            return rc;
+        }
+        schema_version(s, version, sizeof version);
+    }
+    if (strcmp(version, SCHEMA_VERSION) != 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "store: %s has schema version %s; this prismd reads 1 and %s",
+                               path, version, SCHEMA_VERSION);
     return PRISM_OK;
 }
 
@@ -86,21 +130,13 @@ prismd_store *prismd_store_open(const char *data_dir, prism_error *err)
         prismd_store_close(s);
         return NULL;
     }
-    sqlite3_stmt *version = NULL;
-    if (sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key='schema_version'", -1, &version, NULL) ==
-            SQLITE_OK &&
-        sqlite3_step(version) == SQLITE_ROW &&
-        strcmp((const char *)sqlite3_column_text(version, 0), SCHEMA_VERSION) != 0) {
-        prism_error_set(err, PRISM_ERR_INVALID, "store: %s has schema version %s; this prismd reads %s", path,
-                        (const char *)sqlite3_column_text(version, 0), SCHEMA_VERSION);
-        sqlite3_finalize(version);
+    if (migrate(s, path, err)) {
         prismd_store_close(s);
         return NULL;
     }
-    sqlite3_finalize(version);
     if (sqlite3_prepare_v2(s->db,
                            "INSERT OR REPLACE INTO job_state(job_id, map_version, decided_step, effective_step,"
-                           " steps_collected, has_last_step, last_step, blocks) VALUES(?,?,?,?,?,?,?,?)",
+                           " steps_collected, has_last_step, last_step, blocks, summary) VALUES(?,?,?,?,?,?,?,?,?)",
                            -1, &s->save_state, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(s->db,
                            "INSERT INTO switches(job_id, block_id, from_precision, to_precision, step, reason,"
@@ -229,7 +265,7 @@ static void put(blob *b, const void *p, size_t n)
 static bool encode_blocks(const prism_policy *p, blob *b)
 {
     uint32_t count = (uint32_t)prism_policy_block_count(p);
-    put(b, "PRB1", 4);
+    put(b, "PRB2", 4);
     put(b, &count, 4);
     double *window = malloc(PRISM_WINDOW_MAX * sizeof *window);
     if (!window)
@@ -247,8 +283,25 @@ static bool encode_blocks(const prism_policy *p, blob *b)
         put(b, r.calibration, sizeof r.calibration);
         put(b, &r.window_len, 4);
         put(b, r.window, r.window_len * sizeof *r.window);
+        uint8_t scores[8] = {(uint8_t)((r.view.has_score ? 1 : 0) | (r.view.has_error_score ? 2 : 0))};
+        double values[4] = {r.view.sensitivity, r.view.grad_score, r.view.relative_magnitude, r.view.error_score};
+        put(b, scores, sizeof scores);
+        put(b, values, sizeof values);
     }
     free(window);
+    return !b->failed;
+}
+
+static bool encode_summary(const prism_summary *sm, blob *b)
+{
+    uint32_t low = (uint32_t)sm->low_precision;
+    uint64_t counts[6] = {sm->step_id, sm->map_version, sm->blocks_bf16, sm->blocks_low, sm->precision_changes,
+                          sm->scored};
+    double values[4] = {sm->mean_sensitivity, sm->max_sensitivity, sm->min_sensitivity, sm->bandwidth_saving_pct};
+    put(b, "PRS1", 4);
+    put(b, &low, 4);
+    put(b, counts, sizeof counts);
+    put(b, values, sizeof values);
     return !b->failed;
 }
 
@@ -267,6 +320,25 @@ static bool get(reader *r, void *out, size_t n)
     return true;
 }
 
+/* Decodes a summary blob; false when it is damaged. */
+static bool decode_summary(const uint8_t *data, size_t len, prism_summary *out)
+{
+    reader r = {data, len};
+    char magic[4];
+    uint32_t low;
+    uint64_t counts[6];
+    double values[4];
+    if (!get(&r, magic, 4) || memcmp(magic, "PRS1", 4) != 0 || !get(&r, &low, 4) || !get(&r, counts, sizeof counts) ||
+        !get(&r, values, sizeof values) || r.left != 0 || low >= PRISM_PRECISION_COUNT)
+        return false;
+    *out = (prism_summary){.step_id = counts[0], .map_version = counts[1], .low_precision = (prism_precision)low,
+                           .blocks_bf16 = (size_t)counts[2], .blocks_low = (size_t)counts[3],
+                           .precision_changes = (size_t)counts[4], .scored = (size_t)counts[5],
+                           .mean_sensitivity = values[0], .max_sensitivity = values[1],
+                           .min_sensitivity = values[2], .bandwidth_saving_pct = values[3]};
+    return true;
+}
+
 /* Decodes a blob into records (windows in one array); false when it is damaged. */
 static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **out, size_t *count, double **windows)
 {
@@ -275,8 +347,9 @@ static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **
     uint32_t n;
     *out = NULL;
     *windows = NULL;
-    if (!get(&r, magic, 4) || memcmp(magic, "PRB1", 4) != 0 || !get(&r, &n, 4))
+    if (!get(&r, magic, 4) || (memcmp(magic, "PRB1", 4) != 0 && memcmp(magic, "PRB2", 4) != 0) || !get(&r, &n, 4))
         return false;
+    bool has_scores = magic[3] == '2';
     prism_block_record *recs = calloc(n ? n : 1, sizeof *recs);
     /* Every window value takes 8 bytes of the blob, so the blob bounds the total. */
     double *win = malloc(len + 8);
@@ -304,6 +377,18 @@ static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **
         if (!get(&r, rec->window, rec->window_len * sizeof(double)))
             goto damaged;
         used += rec->window_len;
+        if (has_scores) {
+            uint8_t scores[8];
+            double values[4];
+            if (!get(&r, scores, sizeof scores) || !get(&r, values, sizeof values) || scores[0] > 3)
+                goto damaged;
+            rec->view.has_score = scores[0] & 1;
+            rec->view.has_error_score = (scores[0] & 2) != 0;
+            rec->view.sensitivity = values[0];
+            rec->view.grad_score = values[1];
+            rec->view.relative_magnitude = values[2];
+            rec->view.error_score = values[3];
+        }
     }
     if (r.left != 0)
         goto damaged;
@@ -319,11 +404,12 @@ damaged:
 
 prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
-                                     size_t change_count, prism_error *err)
+                                     size_t change_count, const prism_summary *summary, prism_error *err)
 {
-    blob b = {0};
-    if (!encode_blocks(p, &b)) {
+    blob b = {0}, sb = {0};
+    if (!encode_blocks(p, &b) || (summary && !encode_summary(summary, &sb))) {
         free(b.data);
+        free(sb.data);
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
     }
     prism_policy_progress progress;
@@ -331,6 +417,7 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
     prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
     if (rc) {
         free(b.data);
+        free(sb.data);
         return rc;
     }
     sqlite3_stmt *st = s->save_state;
@@ -343,6 +430,10 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
     sqlite3_bind_int(st, 6, progress.has_last_step);
     sqlite3_bind_int64(st, 7, (sqlite3_int64)progress.last_step);
     sqlite3_bind_blob(st, 8, b.data, (int)b.len, SQLITE_STATIC);
+    if (summary)
+        sqlite3_bind_blob(st, 9, sb.data, (int)sb.len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 9);
     if (sqlite3_step(st) != SQLITE_DONE)
         rc = db_error(s, err, "save state");
     sqlite3_clear_bindings(st);
@@ -370,6 +461,7 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
         *err = keep;
     }
     free(b.data);
+    free(sb.data);
     return rc;
 }
 
@@ -431,7 +523,7 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db,
                            "SELECT j.id, j.token, j.world_size, j.config, s.map_version, s.decided_step,"
-                           " s.effective_step, s.steps_collected, s.has_last_step, s.last_step, s.blocks"
+                           " s.effective_step, s.steps_collected, s.has_last_step, s.last_step, s.blocks, s.summary"
                            " FROM jobs j LEFT JOIN job_state s ON s.job_id = j.id ORDER BY j.id",
                            -1, &st, NULL) != SQLITE_OK)
         return db_error(s, err, "load jobs");
@@ -482,6 +574,12 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
                 rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: the saved blocks are damaged", id);
             else
                 rc = prism_policy_restore(policy, &progress, recs, n, err);
+            if (!rc && sqlite3_column_type(st, 11) != SQLITE_NULL) {
+                if (decode_summary(sqlite3_column_blob(st, 11), (size_t)sqlite3_column_bytes(st, 11), &job.summary))
+                    job.has_summary = true;
+                else
+                    rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: the saved summary is damaged", id);
+            }
             free(recs);
             free(windows);
         }

@@ -20,10 +20,12 @@ void prismd_store_close(prismd_store *s);
 prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const char *token, uint32_t world_size,
                                    const prism_config *cfg, prism_error *err);
 
-/* The job's whole state and the changes that led to it, in one transaction. */
+/* The job's whole state and the changes that led to it, in one transaction: every block's view
+ * (the scores of the last decision included) and summary, the telemetry summary of the job's
+ * last decision (NULL: none yet), so that a restart serves the values served before it. */
 prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
-                                     size_t change_count, prism_error *err);
+                                     size_t change_count, const prism_summary *summary, prism_error *err);
 
 /* Calibration errors by model fingerprint (DESIGN 4.5). */
 prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
@@ -53,6 +55,8 @@ typedef struct prismd_saved_job {
     prism_policy *policy;
     uint64_t decided_step;
     uint64_t effective_step;
+    bool has_summary;      /* the telemetry summary of the job's last decision was saved */
+    prism_summary summary;
 } prismd_saved_job;
 
 /* Restores every saved job, calling fn for each; fn owns job->policy whatever it returns, and

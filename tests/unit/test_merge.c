@@ -446,7 +446,27 @@ static void test_raised_open_step_limit_merges_ranks_sent_one_after_another(void
     prism_merger_destroy(m);
 }
 
+/* A report of a step above PRISM_STEP_MAX is malformed: refused, nothing opened, and the
+ * rank may still report a valid step. */
+static void test_a_step_past_the_bound_is_refused(void)
+{
+    prism_merger *m = make_merger(1, 1000);
+    prism_block_stats b[1] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0}};
+    prism_merge_outcome outcome;
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_merger_add(m, 0, UINT64_MAX, false, 0.0, b, 1, 0, &outcome, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_merger_add(m, 0, PRISM_STEP_MAX + 1, false, 0.0, b, 1, 0, &outcome, &err),
+                    PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_merger_open_steps(m), 0);
+    CU_ASSERT_EQUAL(add(m, 0, PRISM_STEP_MAX, b, 1, 0), PRISM_MERGE_ACCEPTED);
+    prism_merged_step out;
+    CU_ASSERT_TRUE(prism_merger_next(m, 0, &out));
+    CU_ASSERT_EQUAL(out.step, PRISM_STEP_MAX);
+    prism_merger_destroy(m);
+}
+
 static const prism_test_case cases[] = {
+    {"test_a_step_past_the_bound_is_refused", test_a_step_past_the_bound_is_refused},
     {"test_create_rejects_zero_world_size_or_timeout", test_create_rejects_zero_world_size_or_timeout},
     {"test_two_ranks_merge_with_chan_pooling", test_two_ranks_merge_with_chan_pooling},
     {"test_three_ranks_merge_blocks_losses_and_partial_blocks",

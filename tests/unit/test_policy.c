@@ -1317,7 +1317,53 @@ static void test_create_and_set_config_check_ranges_of_configs_built_in_code(voi
     prism_config_free(&cfg);
 }
 
+/* Steps are bounded (PRISM_STEP_MAX) so that effective_step never wraps: the largest is taken
+ * and its effective step is exact; one past it is refused and changes nothing. */
+static void test_step_ids_past_the_bound_are_refused(void)
+{
+    prism_policy *p = make_policy("{\"warmup_steps\": 1, \"update_interval_steps\": 1, \"apply_lag_steps\": 1000000}",
+                                  NULL);
+    prism_block_stats b[1] = {stats(0, 1.0)};
+    prism_step_result r;
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, UINT64_MAX, b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "is above the largest step id 9007199253740991"));
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, PRISM_STEP_MAX + 1, b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_policy_steps_collected(p), 0);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, PRISM_STEP_MAX, b, 1, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(r.effective_step, (UINT64_C(1) << 53) - 1);
+    prism_policy_destroy(p);
+}
+
+/* A calibration report is checked whole before any of it is set: a NaN in its second entry
+ * leaves the first unset too (issue 12: block 0 got 0.05 from a refused report). */
+static void test_a_calibration_report_is_applied_whole_or_not_at_all(void)
+{
+    prism_policy *p = make_policy("{\"warmup_steps\": 1, \"update_interval_steps\": 1, \"history_window\": 1}",
+                                  NULL);
+    prism_step_result r;
+    feed_pair(p, 1, 0.5, &r);
+    uint32_t ids[2] = {0, 1};
+    double bad[2] = {0.05, NAN}, good[2] = {0.01, 0.02};
+    size_t at = 9;
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_policy_set_calibrations(p, PRISM_PRECISION_INT8, ids, bad, 2, &at, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(at, 1);
+    CU_ASSERT_EQUAL(prism_policy_set_calibrations(p, PRISM_PRECISION_BF16, ids, good, 2, &at, &err), PRISM_ERR_INVALID);
+    feed_pair(p, 2, 0.5, &r);
+    CU_ASSERT_FALSE(block(p, 0)->has_error_score);
+    CU_ASSERT_FALSE(block(p, 1)->has_error_score);
+    CU_ASSERT_EQUAL(prism_policy_set_calibrations(p, PRISM_PRECISION_INT8, ids, good, 2, &at, &err), PRISM_OK);
+    feed_pair(p, 3, 0.5, &r);
+    CU_ASSERT_TRUE(block(p, 0)->has_error_score);
+    CU_ASSERT_TRUE(block(p, 1)->has_error_score);
+    prism_policy_destroy(p);
+}
+
 static const prism_test_case cases[] = {
+    {"test_step_ids_past_the_bound_are_refused", test_step_ids_past_the_bound_are_refused},
+    {"test_a_calibration_report_is_applied_whole_or_not_at_all",
+     test_a_calibration_report_is_applied_whole_or_not_at_all},
     {"test_block_stats_check_rejects_negative_figures_and_excess_nonfinite",
      test_block_stats_check_rejects_negative_figures_and_excess_nonfinite},
     {"test_block_stats_finite_needs_no_nonfinite_and_a_finite_norm",

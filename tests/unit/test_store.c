@@ -57,7 +57,7 @@ static void run_steps(prism_policy *p, uint64_t from, uint64_t to, prism_buf *ou
             CU_ASSERT_FATAL(prism_telemetry_append(out, p, &r.summary, 1.0) == PRISM_OK);
         if (store && (r.decided || r.map_changed))
             CU_ASSERT_FATAL(prismd_store_save_state(store, "job-1", p, r.decided_step, r.effective_step, r.changes,
-                                                    r.change_count, &err) == PRISM_OK);
+                                                    r.change_count, NULL, &err) == PRISM_OK);
     }
 }
 
@@ -69,6 +69,8 @@ typedef struct loaded {
     uint32_t world_size;
     prism_policy *policy;
     uint64_t decided_step, effective_step;
+    bool has_summary;
+    prism_summary summary;
 } loaded;
 
 static bool collect(void *ctx, prismd_saved_job *job)
@@ -83,6 +85,8 @@ static bool collect(void *ctx, prismd_saved_job *job)
     l->policy = job->policy;
     l->decided_step = job->decided_step;
     l->effective_step = job->effective_step;
+    l->has_summary = job->has_summary;
+    l->summary = job->summary;
     return true;
 }
 
@@ -189,7 +193,8 @@ static void save_one_decision(prismd_store *store, prism_config *cfg)
     prism_step_result r;
     CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(r.change_count, 1);
-    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, NULL, &err),
+                          PRISM_OK);
     prism_policy_destroy(p);
 }
 
@@ -287,7 +292,7 @@ static void test_a_store_of_another_schema_version_is_refused(void)
     prismd_store_close(store);
     exec_sql(dir, "UPDATE meta SET value = '99' WHERE key = 'schema_version'");
     CU_ASSERT_PTR_NULL(prismd_store_open(dir, &err));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "has schema version 99; this prismd reads 1"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "has schema version 99; this prismd reads 1 and 2"));
 }
 
 static void test_unopenable_store_names_the_file(void)
@@ -341,7 +346,55 @@ static void test_calibration_cache_returns_what_was_saved_for_the_fingerprint(vo
     prismd_store_close(store);
 }
 
+/* The scores of the last decision and its telemetry summary come back exactly (issue 12: they
+ * were null after a restart while the map was kept). */
+static void test_scores_and_summary_come_back_exactly(void)
+{
+    prism_config cfg = make_config("{\"warmup_steps\": 1, \"history_window\": 1}");
+    prism_error err;
+    const char *dir = fresh_dir("scores");
+    prismd_store *store = prismd_store_open(dir, &err);
+    CU_ASSERT_FATAL(store != NULL);
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_job(store, "job-1", NULL, 1, &cfg, &err), PRISM_OK);
+    prism_policy *p = prism_policy_create(&cfg, &err);
+    prism_policy_set_calibration(p, PRISM_PRECISION_INT8, 2, 0.01, &err);
+    prism_block_stats b[2] = {{1, 3.0, 1, 0, 0, 4, 0}, {2, 1.0, 1, 0, 0, 4, 0}};
+    prism_step_result r;
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
+    CU_ASSERT_TRUE_FATAL(r.decided);
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, &r.summary,
+                                                  &err), PRISM_OK);
+    prismd_store_close(store);
+    store = prismd_store_open(dir, &err);
+    CU_ASSERT_FATAL(store != NULL);
+    loaded l = {0};
+    CU_ASSERT_EQUAL_FATAL(prismd_store_load_jobs(store, &cfg, collect, &l, &err), PRISM_OK);
+    CU_ASSERT_TRUE(l.has_summary);
+    const prism_summary *g = &l.summary, *w = &r.summary;
+    CU_ASSERT_TRUE(g->step_id == 7 && g->step_id == w->step_id && g->map_version == w->map_version &&
+                   g->low_precision == w->low_precision && g->blocks_bf16 == w->blocks_bf16 &&
+                   g->blocks_low == w->blocks_low && g->precision_changes == w->precision_changes &&
+                   g->scored == w->scored && g->mean_sensitivity == w->mean_sensitivity &&
+                   g->max_sensitivity == w->max_sensitivity && g->min_sensitivity == w->min_sensitivity &&
+                   g->bandwidth_saving_pct == w->bandwidth_saving_pct);
+    for (uint32_t id = 1; id <= 2; id++) {
+        const prism_block_view *want = prism_policy_find_block(p, id), *got = prism_policy_find_block(l.policy, id);
+        CU_ASSERT_TRUE(want->has_score && got->has_score);
+        CU_ASSERT_EQUAL(got->sensitivity, want->sensitivity);
+        CU_ASSERT_EQUAL(got->grad_score, want->grad_score);
+        CU_ASSERT_EQUAL(got->relative_magnitude, want->relative_magnitude);
+        CU_ASSERT_EQUAL(got->has_error_score, want->has_error_score);
+        CU_ASSERT_EQUAL(got->error_score, want->error_score);
+    }
+    CU_ASSERT_TRUE(prism_policy_find_block(l.policy, 2)->has_error_score);
+    prism_policy_destroy(l.policy);
+    prism_policy_destroy(p);
+    prismd_store_close(store);
+    prism_config_free(&cfg);
+}
+
 static const prism_test_case cases[] = {
+    {"test_scores_and_summary_come_back_exactly", test_scores_and_summary_come_back_exactly},
     {"test_restored_job_decides_exactly_as_one_that_never_stopped",
      test_restored_job_decides_exactly_as_one_that_never_stopped},
     {"test_switch_history_is_one_row_per_change", test_switch_history_is_one_row_per_change},
