@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "rest.h"
 
+#include "http_guard.h"
 #include "jobs.h"
 #include "telemetry.h"
 
@@ -433,6 +434,17 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     add(&t, "prism_http_request_duration_seconds_bucket{le=\"+Inf\"} %llu\n", count);
     add(&t, "prism_http_request_duration_seconds_sum %.6f\n", (double)atomic_load(&http_micros) / 1e6);
     add(&t, "prism_http_request_duration_seconds_count %llu\n", count);
+    family(&t, "prism_http_refused_total", "counter",
+           "HTTP connections closed or requests refused by a limit, by listener and limit (see prismd --help).");
+    for (int l = 0; l < PRISMD_LISTENERS; l++)
+        for (int r = 0; r < PRISMD_REFUSALS; r++)
+            add(&t, "prism_http_refused_total{listener=\"%s\",reason=\"%s\"} %llu\n",
+                prismd_listener_name((prismd_listener)l), prismd_refusal_name((prismd_refusal)r),
+                prismd_http_refusals((prismd_listener)l, (prismd_refusal)r));
+    family(&t, "prism_http_connections", "gauge", "HTTP connections open now, by listener.");
+    for (int l = 0; l < PRISMD_LISTENERS; l++)
+        add(&t, "prism_http_connections{listener=\"%s\"} %llu\n", prismd_listener_name((prismd_listener)l),
+            prismd_http_connections((prismd_listener)l));
     if (t.failed) {
         free(t.data);
         answer_error(a, 500, "internal", "out of memory");
