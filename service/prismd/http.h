@@ -25,6 +25,7 @@ typedef struct prismd_http_limits {
     size_t max_event_streams;         /* --http-max-event-streams (events.c holds the count) */
     size_t max_event_streams_per_job; /* --http-max-event-streams-per-job */
     size_t health_max_connections;    /* --health-max-connections: the health listener's */
+    size_t health_per_address;        /* --health-max-connections-per-address */
 } prismd_http_limits;
 
 /* What the handler answers from. main.c fills it before prismd_http_start and it stays as it is

@@ -185,6 +185,11 @@ static prism_status set_health_max_connections(prismd_options *opts, const char 
     return set_size(&opts->http.health_max_connections, value, 1, 1024, err);
 }
 
+static prism_status set_health_per_address(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.health_per_address, value, 0, 1024, err);
+}
+
 static prism_status set_health_listen(prismd_options *opts, const char *value, prism_error *err)
 {
     if (!value[0]) {
@@ -206,10 +211,10 @@ static prism_status check_http_limits(const prismd_http_limits *l, prism_error *
         return prism_error_set(err, PRISM_ERR_INVALID,
                                "--http-max-event-streams (%zu) must be below --http-max-connections (%zu)",
                                l->max_event_streams, l->max_connections);
-    if (l->max_event_streams_per_job > l->max_event_streams)
+    if (l->health_per_address >= l->health_max_connections)
         return prism_error_set(err, PRISM_ERR_INVALID,
-                               "--http-max-event-streams-per-job (%zu) must be at most --http-max-event-streams (%zu)",
-                               l->max_event_streams_per_job, l->max_event_streams);
+                               "--health-max-connections-per-address (%zu) must be below --health-max-connections (%zu)",
+                               l->health_per_address, l->health_max_connections);
     return PRISM_OK;
 }
 
@@ -411,6 +416,9 @@ static const prismd_option prismd_option_table[] = {
      "(without it: none)"},
     {"health-max-connections", 0, "N", "16", set_health_max_connections,
      "open connections of the health listener at most"},
+    {"health-max-connections-per-address", 0, "N", "4", set_health_per_address,
+     "open connections of one client address on the health listener at most (0: no limit); more "
+     "are closed at once (prism_http_refused_total{listener=\"health\",reason=\"per_address\"})"},
     {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
      "file holding the admin bearer token, accepted for every job's REST changes; without it "
      "a job's changes need the job's token when it has one"},

@@ -7,8 +7,12 @@
 #include "jobs.h"
 #include "telemetry.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -505,6 +509,54 @@ static bool readable(const char *path)
     return allowed && strncmp(allowed, "GET", 3) == 0 && !events;
 }
 
+/* PATCH .../config naming a telemetry_file: the file must be one prismd can open for append in
+ * the job's directory (created as a decision would create it; a file made only for this check is
+ * removed again). The name's own rules are the policy core's (checked after this, on the policy
+ * thread); a name it refuses is left to it. False with a 400 in a when the file cannot be used. */
+static bool telemetry_file_usable(const prismd_rest *r, const char *job, const char *body, size_t body_len,
+                                  prismd_answer *a)
+{
+    json_t *doc = r->data_dir ? json_loadb(body, body_len, 0, NULL) : NULL;
+    const char *name = json_string_value(json_object_get(doc, "telemetry_file"));
+    if (!name || prism_config_file_name_problem(name)) {
+        json_decref(doc);
+        return true;
+    }
+    char path[4096];
+    int n = prismd_job_file(r->data_dir, "", "", path, sizeof path);
+    if (n > 0 && (size_t)n < sizeof path)
+        mkdir(path, 0750);
+    n = prismd_job_file(r->data_dir, job, "", path, sizeof path);
+    if (n > 0 && (size_t)n < sizeof path)
+        mkdir(path, 0750);
+    n = prismd_job_file(r->data_dir, job, name, path, sizeof path);
+    const char *why = NULL;
+    if (n < 0 || (size_t)n >= sizeof path) {
+        why = "the path in the job's directory is too long";
+    } else {
+        int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+        bool created = false;
+        if (fd < 0 && errno == ENOENT) {
+            fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+            created = fd >= 0;
+        }
+        struct stat st;
+        if (fd < 0)
+            why = strerror(errno);
+        else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+            why = "not a regular file";
+        if (fd >= 0)
+            close(fd);
+        if (created)
+            unlink(path);
+    }
+    if (why)
+        answer_error(a, 400, "invalid_argument", "telemetry_file: \"%.64s\" cannot be opened for append in job %s's "
+                     "directory: %s", name, job, why);
+    json_decref(doc);
+    return !why;
+}
+
 bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, const char *auth, const char *body,
                         size_t body_len, prismd_answer *a)
 {
@@ -534,6 +586,8 @@ bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, co
         answer_error(a, 403, "permission_denied", "job %s: wrong token", j->id);
     prismd_snapshot_release(snap);
     if (a->body)
+        return true;
+    if (kind == PRISMD_COMMAND_PATCH_CONFIG && !telemetry_file_usable(r, job, body, body_len, a))
         return true;
     a->status = prismd_commands_run(r->commands, kind, job, auth, body, body_len, 5000, &a->body);
     a->content_type = "application/json";
