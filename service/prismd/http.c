@@ -602,7 +602,7 @@ static prismd_http *http_start(prismd_server *srv, prismd_listener listener, con
     h->srv = srv;
     h->listener = listener;
     h->guard = prismd_http_guard_create(listener, (unsigned)(health ? lim->health_per_address : lim->per_address),
-                                        (unsigned)lim->request_timeout_s);
+                                        (unsigned)lim->request_timeout_s, (unsigned)lim->idle_timeout_s);
     if (!h->guard) {
         free(h);
         prism_error_set(err, PRISM_ERR_NOMEM, "cannot start the HTTP request watchdog");

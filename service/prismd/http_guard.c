@@ -85,6 +85,7 @@ struct prismd_http_guard {
     prismd_listener listener;
     unsigned per_address;
     unsigned request_timeout_s;
+    unsigned keepalive_grace_s;
     pthread_mutex_t lock;
     pthread_cond_t wake;
     bool stopping;
@@ -249,7 +250,7 @@ void prismd_http_guard_request_done(struct MHD_Connection *conn)
         return;
     pthread_mutex_lock(&c->guard->lock);
     c->whole = false;
-    c->since_ms = now_ms();
+    c->since_ms = now_ms() + (long long)c->guard->keepalive_grace_s * 1000;
     pthread_mutex_unlock(&c->guard->lock);
 }
 
@@ -284,7 +285,8 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned per_address, unsigned request_timeout_s)
+prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned per_address, unsigned request_timeout_s,
+                                            unsigned keepalive_grace_s)
 {
     prismd_http_guard *g = calloc(1, sizeof *g);
     if (!g)
@@ -292,6 +294,7 @@ prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned p
     g->listener = listener;
     g->per_address = per_address;
     g->request_timeout_s = request_timeout_s;
+    g->keepalive_grace_s = keepalive_grace_s;
     pthread_mutex_init(&g->lock, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);

@@ -40,10 +40,13 @@ unsigned long long prismd_http_connections(prismd_listener l);
 typedef struct prismd_http_guard prismd_http_guard;
 
 /* per_address: connections one client address may hold at once (0: no limit). request_timeout_s:
- * seconds from accept (or from the end of the previous request on a kept-alive connection) by
- * which the request must have arrived whole, else the connection is shut down (0: none). NULL
+ * seconds from accept by which the request must have arrived whole, else the connection is shut
+ * down (0: none). On a kept-alive connection the next request's time starts keepalive_grace_s
+ * after the previous answer (pass libmicrohttpd's idle timeout: an idle connection is then closed
+ * by that, as usual and uncounted, and only one trickling a request is cut and counted). NULL
  * when out of memory or when the watchdog thread cannot start. */
-prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned per_address, unsigned request_timeout_s);
+prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned per_address, unsigned request_timeout_s,
+                                            unsigned keepalive_grace_s);
 
 /* Stops the watchdog and frees the guard; call after MHD_stop_daemon. NULL: nothing. */
 void prismd_http_guard_destroy(prismd_http_guard *g);
@@ -62,7 +65,8 @@ void prismd_http_guard_notify(void *cls, struct MHD_Connection *conn, void **soc
  * request completes. */
 void prismd_http_guard_request_in(struct MHD_Connection *conn);
 
-/* The request's answer is done: on a kept-alive connection the next request's time starts now. */
+/* The request's answer is done: on a kept-alive connection the next request's time starts
+ * keepalive_grace_s from now. */
 void prismd_http_guard_request_done(struct MHD_Connection *conn);
 
 #endif

@@ -396,8 +396,8 @@ static const prismd_option prismd_option_table[] = {
      "and counted in prism_http_refused_total{reason=\"per_address\"}"},
     {"http-request-timeout", 0, "SECONDS", "10", set_http_request_timeout,
      "a connection must deliver a whole request (headers and body) within this time from its "
-     "accept, or from its previous answer when kept alive, however slowly it sends, else it is "
-     "closed (reason=\"request_deadline\"); 0: no deadline"},
+     "accept (when kept alive: from --http-idle-timeout after its previous answer), however "
+     "slowly it sends, else it is closed (reason=\"request_deadline\"); 0: no deadline"},
     {"http-idle-timeout", 0, "SECONDS", "30", set_http_idle_timeout,
      "an HTTP connection silent this long is closed (event streams send a keep-alive every 10 s)"},
     {"http-max-url-bytes", 0, "N", "8192", set_http_max_url_bytes,
@@ -810,9 +810,10 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         prism_log(PRISM_LOG_ERROR, "cannot listen", "grpc", opts->grpc_text, "error", err.message, LOG_END);
         goto out;
     }
-    prism_log(PRISM_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "health",
-               opts->health_text[0] ? opts->health_text : "none", "data_dir", opts->data_dir, "tls",
-               opts->tls_cert ? "on" : "off", LOG_END);
+    prism_log(PRISM_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "data_dir",
+               opts->data_dir, "tls", opts->tls_cert ? "on" : "off", LOG_END);
+    if (health)
+        prism_log(PRISM_LOG_INFO, "listening for probes", "health", opts->health_text, LOG_END);
 
     sigset_t stop;
     sigemptyset(&stop);
