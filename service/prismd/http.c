@@ -196,6 +196,18 @@ static bool utf8_valid(const char *s)
     return true;
 }
 
+/* Why the decoded request path is refused (400), or NULL: invalid UTF-8, or a control character
+ * (an encoded NUL never gets here: inspect_target refuses it). */
+static const char *path_refused(const char *url)
+{
+    if (!utf8_valid(url))
+        return "is not valid UTF-8";
+    for (const unsigned char *p = (const unsigned char *)url; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return "contains a control character";
+    return NULL;
+}
+
 /* One request: what the URI callback found wrong with its target, and its body, gathered over
  * the handler's calls. */
 typedef struct request_body {
@@ -483,7 +495,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     clock_gettime(CLOCK_MONOTONIC, &started);
 
     size_t url_len = strlen(url);
-    bool bad_path = !utf8_valid(url);
+    const char *path_problem = path_refused(url);
+    bool bad_path = path_problem != NULL;
     char events_job[160] = "";
     if (!bad_path && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
         strcmp(url + url_len - 7, "/events") == 0 && prismd_rest_allowed(url)) {
@@ -505,7 +518,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
     prismd_answer answer = {.accept_gzip = accepts_gzip(conn)};
     if (bad_path) {
-        reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path is not valid UTF-8");
+        reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path %s", path_problem);
     } else if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
@@ -555,7 +568,7 @@ static enum MHD_Result health_handle(void *cls, struct MHD_Connection *conn, con
     prismd_reply reply = {0};
     bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     const prismd_route *route = NULL;
-    for (size_t i = 0; i < 2 && utf8_valid(url); i++) /* the first two routes: /healthz, /readyz */
+    for (size_t i = 0; i < 2 && !path_refused(url); i++) /* the first two routes: /healthz, /readyz */
         if (strcmp(url, prismd_routes[i].path) == 0)
             route = &prismd_routes[i];
     if (!route)

@@ -110,6 +110,12 @@ class HttpInputTest(unittest.TestCase):
                 self.assert_error(get(b"/v1/jobs/" + bad + b"/config"), 400, "invalid_argument",
                                   "not valid UTF-8")
 
+    def test_a_control_character_in_the_path_is_400(self):
+        for bad in (b"%01", b"%1F", b"%7F", b"%0A", b"%0D", b"\x01", b"\x7f"):
+            with self.subTest(bad=bad):
+                self.assert_error(get(b"/v1/jobs/j" + bad + b"/config"), 400, "invalid_argument",
+                                  "contains a control character")
+
     def test_valid_utf8_in_the_path_is_looked_up(self):
         for good in (b"%C3%A9", b"%E2%82%AC", b"%F0%9F%98%80", b"%EF%BF%BF", b"%F4%8F%BF%BF", b"%ED%9F%BF"):
             with self.subTest(good=good):
