@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "events.h"
 
+#include "http_guard.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +163,7 @@ static void free_stream(void *cls)
         s->next->prev = s->prev;
     e->open--;
     pthread_mutex_unlock(&e->lock);
+    prismd_http_event_streams_add(-1);
     free(s);
 }
 
@@ -205,6 +208,7 @@ struct MHD_Response *prismd_events_response(prismd_events *e, struct MHD_Connect
         free(s);
         return NULL;
     }
+    prismd_http_event_streams_add(1);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_events, s, free_stream);
     if (!resp) {
         free_stream(s);

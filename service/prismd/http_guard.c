@@ -28,6 +28,18 @@
 
 static atomic_ullong refusals[PRISMD_LISTENERS][PRISMD_REFUSALS];
 static atomic_ullong open_connections[PRISMD_LISTENERS];
+static atomic_llong open_event_streams;
+
+void prismd_http_event_streams_add(long long delta)
+{
+    atomic_fetch_add(&open_event_streams, delta);
+}
+
+unsigned long long prismd_http_event_streams(void)
+{
+    long long n = atomic_load(&open_event_streams);
+    return n > 0 ? (unsigned long long)n : 0;
+}
 
 const char *prismd_refusal_name(prismd_refusal r)
 {

@@ -37,6 +37,11 @@ unsigned long long prismd_http_refusals(prismd_listener l, prismd_refusal r);
 /* Connections open now on the listener (for the prism_http_connections gauge). */
 unsigned long long prismd_http_connections(prismd_listener l);
 
+/* Event streams open now (prism_http_event_streams): events.c adds 1 per stream it lists and
+ * takes 1 away when the stream ends. */
+void prismd_http_event_streams_add(long long delta);
+unsigned long long prismd_http_event_streams(void);
+
 typedef struct prismd_http_guard prismd_http_guard;
 
 /* per_address: connections one client address may hold at once (0: no limit). request_timeout_s:

@@ -449,6 +449,8 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     for (int l = 0; l < PRISMD_LISTENERS; l++)
         add(&t, "prism_http_connections{listener=\"%s\"} %llu\n", prismd_listener_name((prismd_listener)l),
             prismd_http_connections((prismd_listener)l));
+    family(&t, "prism_http_event_streams", "gauge", "GET /v1/jobs/JOB/events streams open now.");
+    add(&t, "prism_http_event_streams %llu\n", prismd_http_event_streams());
     if (t.failed) {
         free(t.data);
         answer_error(a, 500, "internal", "out of memory");

@@ -240,6 +240,7 @@ class HttpLimitsTest(unittest.TestCase):
         self.assert_refused_stream(status, headers, rest, "--http-max-event-streams-per-job")
         self.assertEqual(refused(p.http_addr, "event_streams_per_job"), 1)
         self.assertEqual(refused(p.http_addr, "event_streams"), 0)
+        self.assertEqual(metrics(p.http_addr)["prism_http_event_streams"], 32)
         self.assert_probes_answer()
 
     def test_event_streams_are_capped_in_total_below_the_connection_limit(self):
