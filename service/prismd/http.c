@@ -614,7 +614,9 @@ static prismd_http *http_start(prismd_server *srv, prismd_listener listener, con
     }
     h->srv = srv;
     h->listener = listener;
-    h->guard = prismd_http_guard_create(listener, (unsigned)(health ? lim->health_per_address : lim->per_address),
+    unsigned max_connections = (unsigned)(health ? lim->health_max_connections : lim->max_connections);
+    h->guard = prismd_http_guard_create(listener, max_connections,
+                                        (unsigned)(health ? lim->health_per_address : lim->per_address),
                                         (unsigned)lim->request_timeout_s, (unsigned)lim->idle_timeout_s);
     if (!h->guard) {
         free(h);
@@ -631,7 +633,9 @@ static prismd_http *http_start(prismd_server *srv, prismd_listener listener, con
     }
     if (tls_cert)
         flags |= MHD_USE_TLS;
-    /* The logger goes first so that libmicrohttpd uses it for everything that follows; TLS
+    /* The guard holds the connection limit (and counts what it refuses): libmicrohttpd's own is
+     * set above it, since it splits its own evenly over its threads. The logger goes first so
+     * that libmicrohttpd uses it for everything that follows; TLS
      * options last, only with TLS (MHD_OPTION_END then ends the list early). */
     struct MHD_OptionItem tls[] = {
         {tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *)tls_cert},
@@ -642,7 +646,7 @@ static prismd_http *http_start(prismd_server *srv, prismd_listener listener, con
         flags, port, prismd_http_guard_accept, h->guard, health ? &health_handle : &http_handle, h,
         MHD_OPTION_EXTERNAL_LOGGER, &http_log, srv, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)addr,
         MHD_OPTION_THREAD_POOL_SIZE, health ? 1u : PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(health ? lim->health_max_connections : lim->max_connections), MHD_OPTION_CONNECTION_TIMEOUT,
+        max_connections * PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)lim->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)PRISMD_HTTP_POOL_BYTES,
         MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION,
         &prismd_http_guard_notify, h->guard, MHD_OPTION_URI_LOG_CALLBACK, &inspect_target, h,

@@ -44,7 +44,7 @@ unsigned long long prismd_http_event_streams(void)
 const char *prismd_refusal_name(prismd_refusal r)
 {
     static const char *const names[PRISMD_REFUSALS] = {
-        "per_address", "request_deadline", "event_streams", "event_streams_per_job",
+        "max_connections", "per_address", "request_deadline", "event_streams", "event_streams_per_job",
         "url_too_long", "headers_too_large", "body_too_large",
     };
     return (unsigned)r < PRISMD_REFUSALS ? names[r] : "?";
@@ -95,6 +95,8 @@ typedef struct guarded_conn {
 
 struct prismd_http_guard {
     prismd_listener listener;
+    unsigned max_connections;
+    unsigned open;      /* connections accepted and not yet closed */
     unsigned per_address;
     unsigned request_timeout_s;
     unsigned keepalive_grace_s;
@@ -169,6 +171,8 @@ static void address_release(prismd_http_guard *g, const address *a)
             continue;
         if (c->connections > 0)
             c->connections--;
+        if (g->open > 0)
+            g->open--;
         if (c->connections == 0) {
             *link = c->next;
             free(c);
@@ -183,14 +187,22 @@ enum MHD_Result prismd_http_guard_accept(void *cls, const struct sockaddr *addr,
     prismd_http_guard *g = cls;
     address a = address_of(addr);
     pthread_mutex_lock(&g->lock);
-    address_count *c = address_find(g, &a, true);
-    bool ok = c && (g->per_address == 0 || c->connections < g->per_address);
-    if (ok)
+    prismd_refusal why = PRISMD_REFUSALS;
+    address_count *c = NULL;
+    if (g->open >= g->max_connections)
+        why = PRISMD_REFUSED_MAX_CONNECTIONS;
+    else if (!(c = address_find(g, &a, true)))
+        why = PRISMD_REFUSED_MAX_CONNECTIONS; /* out of memory: no room for one more */
+    else if (g->per_address && c->connections >= g->per_address)
+        why = PRISMD_REFUSED_PER_ADDRESS;
+    if (why == PRISMD_REFUSALS) {
         c->connections++;
+        g->open++;
+    }
     pthread_mutex_unlock(&g->lock);
-    if (!ok)
-        prismd_http_refuse(g->listener, PRISMD_REFUSED_PER_ADDRESS);
-    return ok ? MHD_YES : MHD_NO;
+    if (why != PRISMD_REFUSALS)
+        prismd_http_refuse(g->listener, why);
+    return why == PRISMD_REFUSALS ? MHD_YES : MHD_NO;
 }
 
 void prismd_http_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -297,13 +309,14 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned per_address, unsigned request_timeout_s,
-                                            unsigned keepalive_grace_s)
+prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned max_connections, unsigned per_address,
+                                            unsigned request_timeout_s, unsigned keepalive_grace_s)
 {
     prismd_http_guard *g = calloc(1, sizeof *g);
     if (!g)
         return NULL;
     g->listener = listener;
+    g->max_connections = max_connections;
     g->per_address = per_address;
     g->request_timeout_s = request_timeout_s;
     g->keepalive_grace_s = keepalive_grace_s;

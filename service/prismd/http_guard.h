@@ -14,6 +14,7 @@
 
 /* Why a connection or a request was refused or cut; the label of prism_http_refused_total. */
 typedef enum prismd_refusal {
+    PRISMD_REFUSED_MAX_CONNECTIONS,  /* a connection over --http-max-connections */
     PRISMD_REFUSED_PER_ADDRESS,      /* a connection over --http-max-connections-per-address */
     PRISMD_REFUSED_REQUEST_DEADLINE, /* no whole request within --http-request-timeout */
     PRISMD_REFUSED_EVENT_STREAMS,    /* an event stream over --http-max-event-streams */
@@ -44,21 +45,22 @@ unsigned long long prismd_http_event_streams(void);
 
 typedef struct prismd_http_guard prismd_http_guard;
 
-/* per_address: connections one client address may hold at once (0: no limit). request_timeout_s:
+/* max_connections: connections open at once at most; per_address: connections one client
+ * address may hold at once (0: no limit). request_timeout_s:
  * seconds from accept by which the request must have arrived whole, else the connection is shut
  * down (0: none). On a kept-alive connection the next request's time starts keepalive_grace_s
  * after the previous answer (pass libmicrohttpd's idle timeout: an idle connection is then closed
  * by that, as usual and uncounted, and only one trickling a request is cut and counted). NULL
  * when out of memory or when the watchdog thread cannot start. */
-prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned per_address, unsigned request_timeout_s,
-                                            unsigned keepalive_grace_s);
+prismd_http_guard *prismd_http_guard_create(prismd_listener listener, unsigned max_connections, unsigned per_address,
+                                            unsigned request_timeout_s, unsigned keepalive_grace_s);
 
 /* Stops the watchdog and frees the guard; call after MHD_stop_daemon. NULL: nothing. */
 void prismd_http_guard_destroy(prismd_http_guard *g);
 
-/* MHD_AcceptPolicyCallback (cls: the guard): refuses a connection whose address already holds
- * per_address of them, and counts the refusal; an accepted one is counted for its address until
- * prismd_http_guard_notify sees it closed. */
+/* MHD_AcceptPolicyCallback (cls: the guard): closes at once, and counts, a connection over
+ * max_connections or one whose address already holds per_address of them; an accepted one is
+ * counted (in all and for its address) until prismd_http_guard_notify sees it closed. */
 enum MHD_Result prismd_http_guard_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen);
 
 /* MHD_NotifyConnectionCallback (cls: the guard): tracks each connection from its start, for the

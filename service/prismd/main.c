@@ -390,7 +390,8 @@ static const prismd_option prismd_option_table[] = {
      "runtime hint: used/total device memory above which speculative prefetch stops in backward and in "
      "the optimizer phase (DESIGN 9)"},
     {"http-max-connections", 0, "N", "1024", set_http_max_connections,
-     "open HTTP connections at most (event streams included); more wait in the kernel's backlog"},
+     "open HTTP connections at most (event streams included); more are closed at once "
+     "(prism_http_refused_total{reason=\"max_connections\"})"},
     {"http-max-connections-per-address", 0, "N", "64", set_http_per_address,
      "open HTTP connections of one client address at most (0: no limit); more are closed at once "
      "and counted in prism_http_refused_total{reason=\"per_address\"}"},

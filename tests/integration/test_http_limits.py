@@ -71,6 +71,14 @@ def refused(addr, reason, listener="http"):
     return metrics(addr)['prism_http_refused_total{listener="%s",reason="%s"}' % (listener, reason)]
 
 
+def answers(addr):
+    """True when GET /healthz on addr is answered 200 now (a closed or refused connection: False)."""
+    try:
+        return request(addr, "/healthz", timeout=PROBE_S)[0] == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
 def closed_by_peer(s):
     """True when the server has closed s (end of file or reset), without waiting."""
     readable, _, _ = select.select([s], [], [], 0)
@@ -279,6 +287,7 @@ class HttpLimitsTest(unittest.TestCase):
                        "--health-max-connections", "8", "--health-max-connections-per-address", "2")
         for i in range(2, 8):
             self.attack(4, source="127.0.0.%d" % i)
+        self.assertFalse(answers(p.http_addr))  # the main listener is full: a probe is closed at once
         status, _, body = request(health, "/healthz", timeout=PROBE_S)
         self.assertEqual((status, json.loads(body)), (200, {"status": "ok"}))
         status, _, body = request(health, "/readyz", timeout=PROBE_S)
@@ -294,8 +303,15 @@ class HttpLimitsTest(unittest.TestCase):
         for s in main_attackers:
             s.close()
         self.sockets = self.sockets[24:]
-        wait_for("3 refusals on the health listener",
-                 lambda: refused(p.http_addr, "per_address", listener="health") == 3)
+        turned_away = []  # probes closed at once while prismd was still closing the attackers'
+
+        def free_again():
+            ok = answers(p.http_addr)
+            turned_away.extend([] if ok else [1])
+            return ok
+        wait_for("the main listener free again", free_again)
+        self.assertEqual(refused(p.http_addr, "per_address", listener="health"), 3)
+        self.assertEqual(refused(p.http_addr, "max_connections", listener="http"), 4 + 1 + len(turned_away))
         self.assertEqual(refused(p.http_addr, "per_address", listener="http"), 0)
 
     def test_limits_that_do_not_fit_are_refused_at_start(self):
