@@ -61,14 +61,14 @@ typedef struct prismd_options {
     socklen_t http_addr_len;
     char http_text[INET6_ADDRSTRLEN + 16]; /* canonical "a.b.c.d:port" or "[v6]:port" */
     char grpc_text[INET6_ADDRSTRLEN + 16];
-    size_t max_message_bytes;
-    size_t stream_buffer_bytes;
-    size_t max_jobs;
-    size_t max_blocks;
     prismd_http_limits http; /* --http-max-*, --http-*-timeout, --health-max-connections */
     struct sockaddr_storage health_addr; /* --health-listen; health_text "" when none */
     socklen_t health_addr_len;
     char health_text[INET6_ADDRSTRLEN + 16];
+    size_t max_message_bytes;
+    size_t stream_buffer_bytes;
+    size_t max_jobs;
+    size_t max_blocks;
     bool auto_create;
     prismd_hints hints;
     char *admin_token; /* read from --admin-token-file */
@@ -116,26 +116,6 @@ static prism_status set_size(size_t *out, const char *value, unsigned long long 
                                max);
     *out = (size_t)x;
     return PRISM_OK;
-}
-
-static prism_status set_max_message_bytes(prismd_options *opts, const char *value, prism_error *err)
-{
-    return set_size(&opts->max_message_bytes, value, 1024, 1ull << 30, err);
-}
-
-static prism_status set_stream_buffer_bytes(prismd_options *opts, const char *value, prism_error *err)
-{
-    return set_size(&opts->stream_buffer_bytes, value, 4096, 1ull << 32, err);
-}
-
-static prism_status set_max_jobs(prismd_options *opts, const char *value, prism_error *err)
-{
-    return set_size(&opts->max_jobs, value, 1, 1000000, err);
-}
-
-static prism_status set_max_blocks(prismd_options *opts, const char *value, prism_error *err)
-{
-    return set_size(&opts->max_blocks, value, 1, 10000000, err);
 }
 
 /* ---- HTTP limits (issue 12): each a bound on what one client can hold. ---- */
@@ -216,6 +196,26 @@ static prism_status check_http_limits(const prismd_http_limits *l, prism_error *
                                "--health-max-connections-per-address (%zu) must be below --health-max-connections (%zu)",
                                l->health_per_address, l->health_max_connections);
     return PRISM_OK;
+}
+
+static prism_status set_max_message_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->max_message_bytes, value, 1024, 1ull << 30, err);
+}
+
+static prism_status set_stream_buffer_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->stream_buffer_bytes, value, 4096, 1ull << 32, err);
+}
+
+static prism_status set_max_jobs(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->max_jobs, value, 1, 1000000, err);
+}
+
+static prism_status set_max_blocks(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->max_blocks, value, 1, 10000000, err);
 }
 
 /* The admin token is read from a file so that it never shows in a process list. */
@@ -389,6 +389,12 @@ static const prismd_option prismd_option_table[] = {
     {"hint-vram-pressure", 0, "FRACTION", "0.8", set_hint_vram,
      "runtime hint: used/total device memory above which speculative prefetch stops in backward and in "
      "the optimizer phase (DESIGN 9)"},
+    {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
+     "file holding the admin bearer token, accepted for every job's REST changes; without it "
+     "a job's changes need the job's token when it has one"},
+    {"tls-cert", 0, "FILE", NULL, set_tls_cert,
+     "PEM certificate (chain); with --tls-key, gRPC and HTTP both serve TLS only"},
+    {"tls-key", 0, "FILE", NULL, set_tls_key, "PEM private key of --tls-cert"},
     {"http-max-connections", 0, "N", "1024", set_http_max_connections,
      "open HTTP connections at most (event streams included); more are closed at once "
      "(prism_http_refused_total{reason=\"max_connections\"})"},
@@ -420,12 +426,6 @@ static const prismd_option prismd_option_table[] = {
     {"health-max-connections-per-address", 0, "N", "4", set_health_per_address,
      "open connections of one client address on the health listener at most (0: no limit); more "
      "are closed at once (prism_http_refused_total{listener=\"health\",reason=\"per_address\"})"},
-    {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
-     "file holding the admin bearer token, accepted for every job's REST changes; without it "
-     "a job's changes need the job's token when it has one"},
-    {"tls-cert", 0, "FILE", NULL, set_tls_cert,
-     "PEM certificate (chain); with --tls-key, gRPC and HTTP both serve TLS only"},
-    {"tls-key", 0, "FILE", NULL, set_tls_key, "PEM private key of --tls-cert"},
     {"data-dir", 0, "DIR", "./prism-data", set_data_dir,
      "state directory, created (mode 0750) if missing and locked through DIR/" PRISMD_LOCK_NAME
      " so that one prismd at a time uses it"},
