@@ -26,8 +26,9 @@ COPY --from=build /out/prismd /out/prismctl /usr/local/bin/
 USER prism
 WORKDIR /var/lib/prism
 VOLUME ["/var/lib/prism"]
-# 8080: HTTP (health, readiness, config defaults; REST and /metrics to come); 50051: gRPC.
-EXPOSE 8080 50051
+# 8080: HTTP (REST, /metrics, health, readiness); 8081: /healthz and /readyz only, for probes,
+# on a listener the load on 8080 cannot starve; 50051: gRPC.
+EXPOSE 8080 8081 50051
 # prismd listens on 127.0.0.1 by default; in a container that address is unreachable from
 # outside, so the image listens on all interfaces and leaves access control to the network.
-ENTRYPOINT ["prismd", "--data-dir", "/var/lib/prism", "--http-listen", "0.0.0.0:8080", "--grpc-listen", "0.0.0.0:50051"]
+ENTRYPOINT ["prismd", "--data-dir", "/var/lib/prism", "--http-listen", "0.0.0.0:8080", "--health-listen", "0.0.0.0:8081", "--grpc-listen", "0.0.0.0:50051"]

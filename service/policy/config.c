@@ -211,10 +211,21 @@ static bool in_range(const prism_config_key *k, double x)
     return isfinite(x) && !low && x <= k->max;
 }
 
-/* telemetry_file names a file inside the job's directory: no path, no way out of it. */
-static bool plain_file_name(const char *s)
+const char *prism_config_file_name_problem(const char *s)
 {
-    return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+    if (!s || !s[0])
+        return "is empty";
+    if (strlen(s) > PRISM_CONFIG_FILE_NAME_MAX)
+        return "is longer than 255 bytes (NAME_MAX)";
+    if (strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+        return "names a directory (\".\" or \"..\")";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '/')
+            return "contains '/' (a plain file name inside the job's directory)";
+        if (*p < 0x20 || *p == 0x7f)
+            return "contains a control character";
+    }
+    return NULL;
 }
 
 static prism_status set_key(prism_config *cfg, const prism_config_key *k, const char *prefix,
@@ -281,9 +292,10 @@ static prism_status set_key(prism_config *cfg, const prism_config_key *k, const 
             return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected a string, got %s", prefix,
                                    k->name, json_type_name(v));
         const char *s = json_string_value(v);
-        if (strlen(s) != json_string_length(v) || !plain_file_name(s))
-            return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: \"%s\" must be a plain file name (no '/')",
-                                   prefix, k->name, s);
+        const char *problem = strlen(s) != json_string_length(v) ? "contains a NUL" : prism_config_file_name_problem(s);
+        if (problem)
+            return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: \"%.64s%s\" %s", prefix, k->name, s,
+                                   strlen(s) > 64 ? "..." : "", problem);
         char *copy = strdup(s);
         if (!copy)
             return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
@@ -341,8 +353,9 @@ prism_status prism_config_validate(const prism_config *cfg, prism_error *err)
             return prism_error_set(err, PRISM_ERR_INVALID, "%s: %g is outside %s", k->name, x, range);
         }
     }
-    if (!cfg->telemetry_file || !plain_file_name(cfg->telemetry_file))
-        return prism_error_set(err, PRISM_ERR_INVALID, "telemetry_file: must be a plain file name (no '/')");
+    const char *problem = prism_config_file_name_problem(cfg->telemetry_file);
+    if (problem)
+        return prism_error_set(err, PRISM_ERR_INVALID, "telemetry_file: %s", problem);
     if (cfg->int8_threshold >= cfg->bf16_threshold)
         return prism_error_set(err, PRISM_ERR_INVALID,
                                "int8_threshold: must be less than bf16_threshold (%g >= %g)",

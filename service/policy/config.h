@@ -111,6 +111,13 @@ prism_status prism_config_load_file(const char *path, prism_config *out, prism_e
 /* Checks the cross-key rules (int8_threshold < bf16_threshold, no block in both force lists). */
 prism_status prism_config_validate(const prism_config *cfg, prism_error *err);
 
+/* telemetry_file names a file inside the job's directory: not empty, at most NAME_MAX bytes, no
+ * '/', not "." or "..", no control character. NULL when name is such a name, else what is wrong
+ * ("is longer than 255 bytes (NAME_MAX)"). Whether the file can be opened is the caller's to check
+ * (prismd does at PATCH time): the policy core does no I/O. */
+#define PRISM_CONFIG_FILE_NAME_MAX 255
+const char *prism_config_file_name_problem(const char *name);
+
 /* The config as a bare JSON object with every key of the table. Caller decrefs. */
 json_t *prism_config_to_json(const prism_config *cfg);
 

@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "events.h"
 
+#include "http_guard.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +31,27 @@ struct prismd_events {
     prismd_snapshots *snapshots;
     pthread_mutex_t lock;
     stream *streams;
+    size_t open;        /* streams on the list */
+    size_t max_total;   /* 0: no limit */
+    size_t max_per_job; /* 0: no limit */
     bool closing;
 };
+
+void prismd_events_set_limits(prismd_events *e, size_t max_total, size_t max_per_job)
+{
+    pthread_mutex_lock(&e->lock);
+    e->max_total = max_total;
+    e->max_per_job = max_per_job;
+    pthread_mutex_unlock(&e->lock);
+}
+
+size_t prismd_events_open_count(prismd_events *e)
+{
+    pthread_mutex_lock(&e->lock);
+    size_t n = e->open;
+    pthread_mutex_unlock(&e->lock);
+    return n;
+}
 
 prismd_events *prismd_events_create(prismd_snapshots *snapshots)
 {
@@ -140,12 +161,25 @@ static void free_stream(void *cls)
         e->streams = s->next;
     if (s->next)
         s->next->prev = s->prev;
+    e->open--;
     pthread_mutex_unlock(&e->lock);
+    prismd_http_event_streams_add(-1);
     free(s);
 }
 
-struct MHD_Response *prismd_events_response(prismd_events *e, struct MHD_Connection *conn, const char *job_id)
+/* The streams of job_id on the list. Called with e->lock held; at most max_total streams. */
+static size_t streams_of(const prismd_events *e, const char *job_id)
 {
+    size_t n = 0;
+    for (const stream *s = e->streams; s; s = s->next)
+        n += strcmp(s->job, job_id) == 0;
+    return n;
+}
+
+struct MHD_Response *prismd_events_response(prismd_events *e, struct MHD_Connection *conn, const char *job_id,
+                                            prismd_events_refusal *refused)
+{
+    *refused = PRISMD_EVENTS_NOMEM;
     stream *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -153,17 +187,33 @@ struct MHD_Response *prismd_events_response(prismd_events *e, struct MHD_Connect
     s->conn = conn;
     s->last_write = time(NULL);
     snprintf(s->job, sizeof s->job, "%s", job_id);
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_events, s, free_stream);
-    if (!resp) {
+    /* Counted and listed before the response exists, so that two requests at once cannot both
+     * take the last place; free_stream (the response's end) takes it off again. */
+    bool listed = false;
+    pthread_mutex_lock(&e->lock);
+    if (e->max_total && e->open >= e->max_total) {
+        *refused = PRISMD_EVENTS_FULL;
+    } else if (e->max_per_job && streams_of(e, s->job) >= e->max_per_job) {
+        *refused = PRISMD_EVENTS_JOB_FULL;
+    } else {
+        s->next = e->streams;
+        if (e->streams)
+            e->streams->prev = s;
+        e->streams = s;
+        e->open++;
+        listed = true;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!listed) {
         free(s);
         return NULL;
     }
-    pthread_mutex_lock(&e->lock);
-    s->next = e->streams;
-    if (e->streams)
-        e->streams->prev = s;
-    e->streams = s;
-    pthread_mutex_unlock(&e->lock);
+    prismd_http_event_streams_add(1);
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_events, s, free_stream);
+    if (!resp) {
+        free_stream(s);
+        return NULL;
+    }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     return resp;

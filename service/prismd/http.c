@@ -8,6 +8,7 @@
 #include "http.h"
 
 #include "help.h"
+#include "http_guard.h"
 #include "log.h"
 
 #include <arpa/inet.h>
@@ -23,9 +24,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PRISMD_HTTP_TIMEOUT_S 30u
 #define PRISMD_HTTP_THREADS 2u /* libmicrohttpd threads: reads never wait for a change in flight */
-#define PRISMD_HTTP_CONNECTIONS 1024u /* open HTTP connections at most (event streams included) */
+/* Each connection's memory pool in libmicrohttpd: room for a request line and headers well over
+ * our own limits (--http-max-url-bytes, --http-max-header-bytes), so that those are answered by
+ * the handler, as JSON; only a request past the pool gets libmicrohttpd's own answer. */
+#define PRISMD_HTTP_POOL_BYTES (128u * 1024u)
+#define PRISMD_EVENTS_RETRY_AFTER_S 10u /* Retry-After of a refused event stream */
 
 /* ---------------------------------------------------------------------------------------------
  * HTTP routes: one table read by the request handler and by --help. */
@@ -155,27 +159,74 @@ static void format_client(struct MHD_Connection *conn, char *out, size_t size)
     }
 }
 
-/* True when s is valid UTF-8 (JSON answers may quote it). */
+/* True when s is valid UTF-8 (JSON answers may quote it): no overlong form, no surrogate
+ * (U+D800 to U+DFFF), nothing above U+10FFFF (RFC 3629). */
 static bool utf8_valid(const char *s)
 {
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        int n = *p < 0x80 ? 0 : (*p & 0xe0) == 0xc0 ? 1 : (*p & 0xf0) == 0xe0 ? 2 : (*p & 0xf8) == 0xf0 ? 3 : -1;
-        if (n < 0 || (n == 1 && *p < 0xc2))
+        unsigned char c = *p++;
+        if (c < 0x80)
+            continue;
+        int n;
+        unsigned char lo = 0x80, hi = 0xbf; /* the allowed range of the second byte */
+        if (c >= 0xc2 && c <= 0xdf) {
+            n = 1;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            n = 2;
+            if (c == 0xe0)
+                lo = 0xa0; /* overlong below U+0800 */
+            else if (c == 0xed)
+                hi = 0x9f; /* surrogates */
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            n = 3;
+            if (c == 0xf0)
+                lo = 0x90; /* overlong below U+10000 */
+            else if (c == 0xf4)
+                hi = 0x8f; /* above U+10FFFF */
+        } else {
+            return false; /* a continuation byte first, an overlong 0xc0/0xc1 lead, or 0xf5 and up */
+        }
+        if (*p < lo || *p > hi)
             return false;
         p++;
-        for (int i = 0; i < n; i++, p++)
+        for (int i = 1; i < n; i++, p++)
             if ((*p & 0xc0) != 0x80)
                 return false;
     }
     return true;
 }
 
-/* A request's body, gathered over the handler's calls. */
+/* Why the decoded request path is refused (400), or NULL: invalid UTF-8, or a control character
+ * (an encoded NUL never gets here: inspect_target refuses it). */
+static const char *path_refused(const char *url)
+{
+    if (!utf8_valid(url))
+        return "is not valid UTF-8";
+    for (const unsigned char *p = (const unsigned char *)url; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return "contains a control character";
+    return NULL;
+}
+
+/* One request: what the URI callback found wrong with its target, and its body, gathered over
+ * the handler's calls. */
 typedef struct request_body {
     char *data;
     size_t len;
     bool too_large;
+    bool started;           /* the handler has seen the request */
+    unsigned refuse_status; /* 0, or the status the target gets (414, 400) */
+    const char *refuse_code;
+    const char *refuse_message;
 } request_body;
+
+/* Where the server's callbacks go: one per listener. */
+struct prismd_http {
+    prismd_server *srv;
+    prismd_listener listener;
+    prismd_http_guard *guard;
+    struct MHD_Daemon *daemon;
+};
 
 #define PRISMD_BODY_MAX (1u << 20)
 
@@ -195,12 +246,57 @@ static bool gather_body(request_body *b, const char *data, size_t n)
     return true;
 }
 
+/* libmicrohttpd's URI callback, called with the request target as sent (before its escapes are
+ * decoded): refuses a target over --http-max-url-bytes (414), and an encoded NUL (%00), which
+ * the decoded path would silently end at, in the path or the query (400). */
+static void *inspect_target(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    (void)conn;
+    const struct prismd_http *h = cls;
+    request_body *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    size_t len = strlen(uri);
+    if (len > h->srv->limits.max_url_bytes) {
+        b->refuse_status = MHD_HTTP_URI_TOO_LONG;
+        b->refuse_code = "uri_too_long";
+        b->refuse_message = "the request target is longer than --http-max-url-bytes";
+        prismd_http_refuse(h->listener, PRISMD_REFUSED_URL_TOO_LONG);
+    } else {
+        for (const char *p = strchr(uri, '%'); p; p = strchr(p + 1, '%')) {
+            if (p[1] == '0' && p[2] == '0') {
+                b->refuse_status = MHD_HTTP_BAD_REQUEST;
+                b->refuse_code = "invalid_argument";
+                b->refuse_message = "the request target contains an encoded NUL (%00)";
+                break;
+            }
+        }
+    }
+    return b;
+}
+
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    size_t *n = cls;
+    *n += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF */
+    return MHD_YES;
+}
+
+/* The request's header lines' size in bytes, as sent (near enough: folded spaces aside). */
+static size_t header_bytes(struct MHD_Connection *conn)
+{
+    size_t n = 0;
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, add_header_bytes, &n);
+    return n;
+}
+
 static void http_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                            enum MHD_RequestTerminationCode code)
 {
     (void)cls;
-    (void)conn;
     (void)code;
+    prismd_http_guard_request_done(conn);
     request_body *b = *req_cls;
     if (b) {
         free(b->data);
@@ -236,23 +332,154 @@ static const char *bearer(struct MHD_Connection *conn)
     return v + 7;
 }
 
+/* Queues reply (taking its body) with its headers; counts it for /metrics. */
+static enum MHD_Result send_reply(struct MHD_Connection *conn, const char *method, const char *url,
+                                  prismd_reply *reply, const char *allowed, unsigned retry_after_s,
+                                  const struct timespec *started)
+{
+    if (prism_log_threshold <= PRISM_LOG_DEBUG) {
+        char status[16], client[INET6_ADDRSTRLEN + 16];
+        snprintf(status, sizeof status, "%u", reply->status);
+        format_client(conn, client, sizeof client);
+        prism_log(PRISM_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
+                  "client", client, LOG_END);
+    }
+    if (!reply->body) {
+        prism_log(PRISM_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
+        return MHD_NO;
+    }
+    struct MHD_Response *resp;
+    size_t body_len = reply->body_len ? reply->body_len : strlen(reply->body);
+    if (reply->hold) {
+        resp = MHD_create_response_from_buffer_with_free_callback_cls(body_len, reply->body, release_snapshot,
+                                                                      reply->hold);
+        if (!resp)
+            prismd_snapshot_release(reply->hold);
+    } else {
+        resp = MHD_create_response_from_buffer(body_len, reply->body, MHD_RESPMEM_MUST_COPY);
+        free(reply->body);
+    }
+    reply->body = NULL;
+    if (!resp)
+        return MHD_NO;
+    enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                                 reply->content_type ? reply->content_type : "application/json");
+    if (ok == MHD_YES && reply->gzip)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
+    if (ok == MHD_YES && reply->hold)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
+    if (ok == MHD_YES && reply->status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
+    if (ok == MHD_YES && retry_after_s) {
+        char retry[16];
+        snprintf(retry, sizeof retry, "%u", retry_after_s);
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, retry);
+    }
+    if (ok == MHD_YES)
+        ok = MHD_queue_response(conn, reply->status, resp);
+    MHD_destroy_response(resp);
+    struct timespec done;
+    clock_gettime(CLOCK_MONOTONIC, &done);
+    prismd_http_observe(reply->status, (double)(done.tv_sec - started->tv_sec) +
+                                           (double)(done.tv_nsec - started->tv_nsec) / 1e9);
+    return ok;
+}
+
+/* The first call of the handler for a request: sets its state up and answers at once a request
+ * whose target or headers are refused (before any body is read). Returns true when it answered,
+ * with *result what the handler returns. */
+static bool request_start(const struct prismd_http *h, struct MHD_Connection *conn, const char *method,
+                          const char *url, bool with_body, request_body **req, enum MHD_Result *result)
+{
+    if (!*req && !(*req = calloc(1, sizeof **req))) {
+        *result = MHD_NO;
+        return true;
+    }
+    request_body *b = *req;
+    b->started = true;
+    if (!b->refuse_status && header_bytes(conn) > h->srv->limits.max_header_bytes) {
+        b->refuse_status = MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE;
+        b->refuse_code = "headers_too_large";
+        b->refuse_message = "the request's headers are larger than --http-max-header-bytes";
+        prismd_http_refuse(h->listener, PRISMD_REFUSED_HEADERS_TOO_LARGE);
+    }
+    if (!b->refuse_status && !with_body)
+        prismd_http_guard_request_in(conn);
+    if (!b->refuse_status)
+        return false;
+    prismd_http_guard_request_in(conn);
+    struct timespec started;
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    prismd_reply reply = {0};
+    reply_error(&reply, b->refuse_status, b->refuse_code, "%s", b->refuse_message);
+    *result = send_reply(conn, method, url, &reply, NULL, 0, &started);
+    return true;
+}
+
+/* Answers GET /v1/jobs/{job}/events for a job that exists with a stream, or with 503 and
+ * Retry-After when the streams are capped; false when the job does not exist (404 follows). */
+static bool open_events(const struct prismd_http *h, struct MHD_Connection *conn, const char *url,
+                        const char *events_job, const struct timespec *started, enum MHD_Result *result)
+{
+    prismd_server *srv = h->srv;
+    prismd_snapshot *snap = prismd_snapshots_get(srv->rest.snapshots);
+    bool known = snap && prismd_snapshot_find(snap, events_job);
+    prismd_snapshot_release(snap);
+    if (!known)
+        return false;
+    prismd_events_refusal refused;
+    struct MHD_Response *stream = prismd_events_response(srv->events, conn, events_job, &refused);
+    if (stream) {
+        *result = MHD_queue_response(conn, MHD_HTTP_OK, stream);
+        MHD_destroy_response(stream);
+        return true;
+    }
+    if (refused == PRISMD_EVENTS_NOMEM) {
+        *result = MHD_NO;
+        return true;
+    }
+    prismd_reply reply = {0};
+    if (refused == PRISMD_EVENTS_FULL) {
+        prismd_http_refuse(h->listener, PRISMD_REFUSED_EVENT_STREAMS);
+        reply_error(&reply, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                    "%zu event streams are open, the most --http-max-event-streams allows; retry later",
+                    srv->limits.max_event_streams);
+    } else {
+        prismd_http_refuse(h->listener, PRISMD_REFUSED_EVENT_STREAMS_JOB);
+        reply_error(&reply, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                    "job %.128s has %zu event streams open, the most --http-max-event-streams-per-job allows; "
+                    "retry later",
+                    events_job, srv->limits.max_event_streams_per_job);
+    }
+    *result = send_reply(conn, MHD_HTTP_METHOD_GET, url, &reply, NULL, PRISMD_EVENTS_RETRY_AFTER_S, started);
+    return true;
+}
+
 /* libmicrohttpd's access handler. A GET or HEAD is answered on its first call; a request with
- * a body (PATCH, PUT, POST) once the whole body (at most 1 MiB) has arrived. */
+ * a body (PATCH, PUT, POST) once the whole body (at most 1 MiB) has arrived. A request refused
+ * for its target or its headers is answered on the first call, before its body. */
 static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const char *url,
                                    const char *method, const char *version,
                                    const char *upload_data, size_t *upload_data_size,
                                    void **req_cls)
 {
     (void)version;
-    prismd_server *srv = cls;
+    const struct prismd_http *h = cls;
+    prismd_server *srv = h->srv;
     bool with_body = strcmp(method, MHD_HTTP_METHOD_PATCH) == 0 || strcmp(method, MHD_HTTP_METHOD_PUT) == 0 ||
                      strcmp(method, MHD_HTTP_METHOD_POST) == 0;
     request_body *body = *req_cls;
-    if (with_body && !body) {
-        body = calloc(1, sizeof *body);
-        if (!body)
-            return MHD_NO;
+    if (!body || !body->started) {
+        enum MHD_Result result;
+        bool answered = request_start(h, conn, method, url, with_body, &body, &result);
         *req_cls = body;
+        if (answered)
+            return result;
+        if (with_body)
+            return MHD_YES;
+    }
+    if (body->refuse_status) { /* answered already: the rest of the body is dropped */
+        *upload_data_size = 0;
         return MHD_YES;
     }
     if (with_body && *upload_data_size) {
@@ -262,30 +489,23 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         return MHD_YES;
     }
     *upload_data_size = 0;
+    if (with_body)
+        prismd_http_guard_request_in(conn);
     struct timespec started;
     clock_gettime(CLOCK_MONOTONIC, &started);
 
     size_t url_len = strlen(url);
+    const char *path_problem = path_refused(url);
+    bool bad_path = path_problem != NULL;
     char events_job[160] = "";
-    if (utf8_valid(url) && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
-        strcmp(url + url_len - 7, "/events") == 0 &&
-        prismd_rest_allowed(url)) {
+    if (!bad_path && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
+        strcmp(url + url_len - 7, "/events") == 0 && prismd_rest_allowed(url)) {
         const char *id = url + strlen("/v1/jobs/");
         snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - 7 - strlen("/v1/jobs/")), id);
-        prismd_snapshot *snap = prismd_snapshots_get(srv->rest.snapshots);
-        bool known = snap && prismd_snapshot_find(snap, events_job);
-        prismd_snapshot_release(snap);
-        if (known) {
-            struct MHD_Response *stream = prismd_events_response(srv->events, conn, events_job);
-            if (!stream)
-                return MHD_NO;
-            enum MHD_Result queued = MHD_queue_response(conn, MHD_HTTP_OK, stream);
-            MHD_destroy_response(stream);
-            return queued;
-        }
+        enum MHD_Result result;
+        if (open_events(h, conn, url, events_job, &started, &result))
+            return result;
     }
-
-    bool bad_path = !utf8_valid(url);
 
     const prismd_route *route = NULL;
     for (size_t i = 0; i < PRISMD_ROUTE_COUNT && !bad_path; i++) {
@@ -298,13 +518,14 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
     prismd_answer answer = {.accept_gzip = accepts_gzip(conn)};
     if (bad_path) {
-        reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path is not valid UTF-8");
+        reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path %s", path_problem);
     } else if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
     } else if (events_job[0]) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
     } else if (body && body->too_large) {
+        prismd_http_refuse(h->listener, PRISMD_REFUSED_BODY_TOO_LARGE);
         reply_error(&reply, MHD_HTTP_CONTENT_TOO_LARGE, "too_large", "the request body is over %u bytes",
                     PRISMD_BODY_MAX);
     } else if (route && readable) {
@@ -312,7 +533,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
                                answer.gzip};
-    } else if (!route && body &&
+    } else if (!route && with_body &&
                prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
                                   &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
@@ -321,47 +542,44 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
                     "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
     }
+    return send_reply(conn, method, url, &reply, allowed, 0, &started);
+}
 
-    if (prism_log_threshold <= PRISM_LOG_DEBUG) {
-        char status[16], client[INET6_ADDRSTRLEN + 16];
-        snprintf(status, sizeof status, "%u", reply.status);
-        format_client(conn, client, sizeof client);
-        prism_log(PRISM_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
-                  "client", client, LOG_END);
+/* The health listener's handler: /healthz and /readyz only, answered on the first call. */
+static enum MHD_Result health_handle(void *cls, struct MHD_Connection *conn, const char *url,
+                                     const char *method, const char *version,
+                                     const char *upload_data, size_t *upload_data_size,
+                                     void **req_cls)
+{
+    (void)version;
+    (void)upload_data;
+    const struct prismd_http *h = cls;
+    request_body *body = *req_cls;
+    if (!body || !body->started) {
+        enum MHD_Result result;
+        bool answered = request_start(h, conn, method, url, false, &body, &result);
+        *req_cls = body;
+        if (answered)
+            return result;
     }
-    if (!reply.body) {
-        prism_log(PRISM_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
-        return MHD_NO;
-    }
-    struct MHD_Response *resp;
-    size_t body_len = reply.body_len ? reply.body_len : strlen(reply.body);
-    if (reply.hold) {
-        resp = MHD_create_response_from_buffer_with_free_callback_cls(body_len, reply.body, release_snapshot,
-                                                                      reply.hold);
-        if (!resp)
-            prismd_snapshot_release(reply.hold);
-    } else {
-        resp = MHD_create_response_from_buffer(body_len, reply.body, MHD_RESPMEM_MUST_COPY);
-        free(reply.body);
-    }
-    if (!resp)
-        return MHD_NO;
-    enum MHD_Result ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                                 reply.content_type ? reply.content_type : "application/json");
-    if (ok == MHD_YES && reply.gzip)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
-    if (ok == MHD_YES && reply.hold)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
-    if (ok == MHD_YES && reply.status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
-    if (ok == MHD_YES)
-        ok = MHD_queue_response(conn, reply.status, resp);
-    MHD_destroy_response(resp);
-    struct timespec done;
-    clock_gettime(CLOCK_MONOTONIC, &done);
-    prismd_http_observe(reply.status, (double)(done.tv_sec - started.tv_sec) +
-                                          (double)(done.tv_nsec - started.tv_nsec) / 1e9);
-    return ok;
+    *upload_data_size = 0;
+    struct timespec started;
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    prismd_reply reply = {0};
+    bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    const prismd_route *route = NULL;
+    for (size_t i = 0; i < 2 && !path_refused(url); i++) /* the first two routes: /healthz, /readyz */
+        if (strcmp(url, prismd_routes[i].path) == 0)
+            route = &prismd_routes[i];
+    if (!route)
+        reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found",
+                    "the health listener serves GET /healthz and /readyz only");
+    else if (!readable)
+        reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "%.64s is not allowed on %s",
+                    method, route->path);
+    else
+        route->get(h->srv, &reply);
+    return send_reply(conn, method, url, &reply, PRISMD_ALLOWED_METHODS, 0, &started);
 }
 
 static void http_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -383,9 +601,28 @@ static void http_log(void *cls, const char *fmt, va_list ap)
     prism_log(PRISM_LOG_WARN, "microhttpd", "error", text, LOG_END);
 }
 
-struct MHD_Daemon *prismd_http_start(prismd_server *srv, const struct sockaddr_storage *addr, const char *tls_cert,
-                                     const char *tls_key, prism_error *err)
+/* Starts one listener: the main one (every route) or the health one (/healthz, /readyz). */
+static prismd_http *http_start(prismd_server *srv, prismd_listener listener, const struct sockaddr_storage *addr,
+                               const char *tls_cert, const char *tls_key, prism_error *err)
 {
+    const prismd_http_limits *lim = &srv->limits;
+    bool health = listener == PRISMD_LISTENER_HEALTH;
+    prismd_http *h = calloc(1, sizeof *h);
+    if (!h) {
+        prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    h->srv = srv;
+    h->listener = listener;
+    unsigned max_connections = (unsigned)(health ? lim->health_max_connections : lim->max_connections);
+    h->guard = prismd_http_guard_create(listener, max_connections,
+                                        (unsigned)(health ? lim->health_per_address : lim->per_address),
+                                        (unsigned)lim->request_timeout_s, (unsigned)lim->idle_timeout_s);
+    if (!h->guard) {
+        free(h);
+        prism_error_set(err, PRISM_ERR_NOMEM, "cannot start the HTTP request watchdog");
+        return NULL;
+    }
     unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
     uint16_t port;
     if (addr->ss_family == AF_INET6) {
@@ -394,30 +631,57 @@ struct MHD_Daemon *prismd_http_start(prismd_server *srv, const struct sockaddr_s
     } else {
         port = ntohs(((const struct sockaddr_in *)addr)->sin_port);
     }
-    /* The logger goes first so that libmicrohttpd uses it for everything that follows. */
-    struct MHD_Daemon *daemon;
     if (tls_cert)
-        daemon = MHD_start_daemon(flags | MHD_USE_TLS, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
-                                  &http_log, srv, MHD_OPTION_HTTPS_MEM_CERT, tls_cert, MHD_OPTION_HTTPS_MEM_KEY,
-                                  tls_key, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)addr,
-                                  MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
-                                  PRISMD_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S,
-                                  MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL, MHD_OPTION_END);
-    else
-        daemon = MHD_start_daemon(flags, port, NULL, NULL, &http_handle, srv, MHD_OPTION_EXTERNAL_LOGGER,
-                                  &http_log, srv, MHD_OPTION_SOCK_ADDR,
-                                  (const struct sockaddr *)addr,
-                                  MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
-                                  PRISMD_HTTP_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT, PRISMD_HTTP_TIMEOUT_S,
-                                  MHD_OPTION_NOTIFY_COMPLETED,
-                                  &http_completed, NULL, MHD_OPTION_END);
-    if (!daemon) {
+        flags |= MHD_USE_TLS;
+    /* The guard holds the connection limit (and counts what it refuses): libmicrohttpd's own is
+     * set above it, since it splits its own evenly over its threads. The logger goes first so
+     * that libmicrohttpd uses it for everything that follows; TLS
+     * options last, only with TLS (MHD_OPTION_END then ends the list early). */
+    struct MHD_OptionItem tls[] = {
+        {tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *)tls_cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    h->daemon = MHD_start_daemon(
+        flags, port, prismd_http_guard_accept, h->guard, health ? &health_handle : &http_handle, h,
+        MHD_OPTION_EXTERNAL_LOGGER, &http_log, srv, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)addr,
+        MHD_OPTION_THREAD_POOL_SIZE, health ? 1u : PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        max_connections * PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)lim->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)PRISMD_HTTP_POOL_BYTES,
+        MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION,
+        &prismd_http_guard_notify, h->guard, MHD_OPTION_URI_LOG_CALLBACK, &inspect_target, h,
+        MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+    if (!h->daemon) {
         pthread_mutex_lock(&srv->http_error_lock);
         prism_error_set(err, PRISM_ERR_IO, "%s",
                         srv->http_error[0] ? srv->http_error : "libmicrohttpd could not start");
         pthread_mutex_unlock(&srv->http_error_lock);
+        prismd_http_guard_destroy(h->guard);
+        free(h);
+        return NULL;
     }
-    return daemon;
+    return h;
+}
+
+prismd_http *prismd_http_start(prismd_server *srv, const struct sockaddr_storage *addr, const char *tls_cert,
+                               const char *tls_key, prism_error *err)
+{
+    return http_start(srv, PRISMD_LISTENER_HTTP, addr, tls_cert, tls_key, err);
+}
+
+prismd_http *prismd_http_start_health(prismd_server *srv, const struct sockaddr_storage *addr, const char *tls_cert,
+                                      const char *tls_key, prism_error *err)
+{
+    return http_start(srv, PRISMD_LISTENER_HEALTH, addr, tls_cert, tls_key, err);
+}
+
+void prismd_http_stop(prismd_http *h)
+{
+    if (!h)
+        return;
+    MHD_stop_daemon(h->daemon);
+    prismd_http_guard_destroy(h->guard);
+    free(h);
 }
 
 void prismd_http_print_help(FILE *out)

@@ -61,6 +61,10 @@ typedef struct prismd_options {
     socklen_t http_addr_len;
     char http_text[INET6_ADDRSTRLEN + 16]; /* canonical "a.b.c.d:port" or "[v6]:port" */
     char grpc_text[INET6_ADDRSTRLEN + 16];
+    prismd_http_limits http; /* --http-max-*, --http-*-timeout, --health-max-connections */
+    struct sockaddr_storage health_addr; /* --health-listen; health_text "" when none */
+    socklen_t health_addr_len;
+    char health_text[INET6_ADDRSTRLEN + 16];
     size_t max_message_bytes;
     size_t stream_buffer_bytes;
     size_t max_jobs;
@@ -111,6 +115,86 @@ static prism_status set_size(size_t *out, const char *value, unsigned long long 
         return prism_error_set(err, PRISM_ERR_INVALID, "\"%.200s\" is not an integer from %llu to %llu", value, min,
                                max);
     *out = (size_t)x;
+    return PRISM_OK;
+}
+
+/* ---- HTTP limits (issue 12): each a bound on what one client can hold. ---- */
+
+static prism_status set_http_max_connections(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.max_connections, value, 2, 65536, err);
+}
+
+static prism_status set_http_per_address(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.per_address, value, 0, 65536, err);
+}
+
+static prism_status set_http_request_timeout(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.request_timeout_s, value, 0, 3600, err);
+}
+
+static prism_status set_http_idle_timeout(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.idle_timeout_s, value, 1, 3600, err);
+}
+
+static prism_status set_http_max_url_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.max_url_bytes, value, 256, 32768, err);
+}
+
+static prism_status set_http_max_header_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.max_header_bytes, value, 1024, 65536, err);
+}
+
+static prism_status set_http_max_event_streams(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.max_event_streams, value, 1, 65536, err);
+}
+
+static prism_status set_http_max_event_streams_per_job(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.max_event_streams_per_job, value, 1, 65536, err);
+}
+
+static prism_status set_health_max_connections(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.health_max_connections, value, 1, 1024, err);
+}
+
+static prism_status set_health_per_address(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->http.health_per_address, value, 0, 1024, err);
+}
+
+static prism_status set_health_listen(prismd_options *opts, const char *value, prism_error *err)
+{
+    if (!value[0]) {
+        opts->health_text[0] = '\0';
+        return PRISM_OK;
+    }
+    return prism_parse_listen(value, &opts->health_addr, &opts->health_addr_len, opts->health_text,
+                              sizeof opts->health_text, err);
+}
+
+/* The limits against each other: one address, and the event streams, below the whole. */
+static prism_status check_http_limits(const prismd_http_limits *l, prism_error *err)
+{
+    if (l->per_address >= l->max_connections)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "--http-max-connections-per-address (%zu) must be below --http-max-connections (%zu)",
+                               l->per_address, l->max_connections);
+    if (l->max_event_streams >= l->max_connections)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "--http-max-event-streams (%zu) must be below --http-max-connections (%zu)",
+                               l->max_event_streams, l->max_connections);
+    if (l->health_per_address >= l->health_max_connections)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "--health-max-connections-per-address (%zu) must be below --health-max-connections (%zu)",
+                               l->health_per_address, l->health_max_connections);
     return PRISM_OK;
 }
 
@@ -311,6 +395,37 @@ static const prismd_option prismd_option_table[] = {
     {"tls-cert", 0, "FILE", NULL, set_tls_cert,
      "PEM certificate (chain); with --tls-key, gRPC and HTTP both serve TLS only"},
     {"tls-key", 0, "FILE", NULL, set_tls_key, "PEM private key of --tls-cert"},
+    {"http-max-connections", 0, "N", "1024", set_http_max_connections,
+     "open HTTP connections at most (event streams included); more are closed at once "
+     "(prism_http_refused_total{reason=\"max_connections\"})"},
+    {"http-max-connections-per-address", 0, "N", "64", set_http_per_address,
+     "open HTTP connections of one client address at most (0: no limit); more are closed at once "
+     "and counted in prism_http_refused_total{reason=\"per_address\"}"},
+    {"http-request-timeout", 0, "SECONDS", "10", set_http_request_timeout,
+     "a connection must deliver a whole request (headers and body) within this time from its "
+     "accept (when kept alive: from --http-idle-timeout after its previous answer), however "
+     "slowly it sends, else it is closed (reason=\"request_deadline\"); 0: no deadline"},
+    {"http-idle-timeout", 0, "SECONDS", "30", set_http_idle_timeout,
+     "an HTTP connection silent this long is closed (event streams send a keep-alive every 10 s)"},
+    {"http-max-url-bytes", 0, "N", "8192", set_http_max_url_bytes,
+     "longest request target (path and query); longer ones get 414 uri_too_long"},
+    {"http-max-header-bytes", 0, "N", "16384", set_http_max_header_bytes,
+     "largest request headers in all; larger ones get 431 headers_too_large"},
+    {"http-max-event-streams", 0, "N", "256", set_http_max_event_streams,
+     "open GET /v1/jobs/JOB/events streams at most (below --http-max-connections); one more gets "
+     "503 with Retry-After (reason=\"event_streams\")"},
+    {"http-max-event-streams-per-job", 0, "N", "32", set_http_max_event_streams_per_job,
+     "open event streams of one job at most; one more gets 503 with Retry-After "
+     "(reason=\"event_streams_per_job\")"},
+    {"health-listen", 0, "ADDR:PORT", NULL, set_health_listen,
+     "a second HTTP listener serving only GET /healthz and /readyz, with its own connections and "
+     "thread, for liveness and readiness probes that the main listener's load cannot starve "
+     "(without it: none)"},
+    {"health-max-connections", 0, "N", "16", set_health_max_connections,
+     "open connections of the health listener at most"},
+    {"health-max-connections-per-address", 0, "N", "4", set_health_per_address,
+     "open connections of one client address on the health listener at most (0: no limit); more "
+     "are closed at once (prism_http_refused_total{listener=\"health\",reason=\"per_address\"})"},
     {"data-dir", 0, "DIR", "./prism-data", set_data_dir,
      "state directory, created (mode 0750) if missing and locked through DIR/" PRISMD_LOCK_NAME
      " so that one prismd at a time uses it"},
@@ -473,7 +588,7 @@ static prism_status options_parse(prismd_options *opts, int argc, char **argv, p
     if (!opts->tls_cert != !opts->tls_key)
         return prism_error_set(err, PRISM_ERR_INVALID, "--tls-cert and --tls-key go together (got only --%s)",
                                opts->tls_cert ? "tls-cert" : "tls-key");
-    return PRISM_OK;
+    return check_http_limits(&opts->http, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -617,7 +732,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     snprintf(srv.lock_path, sizeof srv.lock_path, "%s/%s", opts->data_dir, PRISMD_LOCK_NAME);
     prism_error err = {0};
     int status = 1;
-    struct MHD_Daemon *daemon = NULL;
+    prismd_http *daemon = NULL, *health = NULL;
     prismd_rpc *rpc = NULL;
     prismd_store *store = NULL, *reader = NULL;
     prismd_snapshots snapshots;
@@ -651,6 +766,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.events = prismd_events_create(&snapshots);
     if (!srv.events)
         goto out;
+    srv.limits = opts->http;
+    prismd_events_set_limits(srv.events, opts->http.max_event_streams, opts->http.max_event_streams_per_job);
     snapshots.on_publish = wake_events;
     snapshots.on_publish_ctx = srv.events;
     srv.rest.reader = reader;
@@ -662,6 +779,16 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", err.message,
                   LOG_END);
         goto out;
+    }
+    if (opts->health_text[0]) {
+        pthread_mutex_lock(&srv.http_error_lock);
+        srv.http_error[0] = '\0';
+        pthread_mutex_unlock(&srv.http_error_lock);
+        health = prismd_http_start_health(&srv, &opts->health_addr, opts->tls_cert, opts->tls_key, &err);
+        if (!health) {
+            prism_log(PRISM_LOG_ERROR, "cannot listen", "health", opts->health_text, "error", err.message, LOG_END);
+            goto out;
+        }
     }
     prismd_rpc_options rpc_opts = {
         .store = store,
@@ -686,6 +813,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     }
     prism_log(PRISM_LOG_INFO, "listening", "grpc", opts->grpc_text, "http", opts->http_text, "data_dir",
                opts->data_dir, "tls", opts->tls_cert ? "on" : "off", LOG_END);
+    if (health)
+        prism_log(PRISM_LOG_INFO, "listening for probes", "health", opts->health_text, LOG_END);
 
     sigset_t stop;
     sigemptyset(&stop);
@@ -705,8 +834,8 @@ out:
     prismd_rpc_stop(rpc);
     snapshots.on_publish = NULL;
     prismd_events_close(srv.events);
-    if (daemon)
-        MHD_stop_daemon(daemon);
+    prismd_http_stop(health);
+    prismd_http_stop(daemon);
     prismd_events_destroy(srv.events);
     prismd_store_close(reader);
     prismd_store_close(store);

@@ -3,11 +3,16 @@
 #define _GNU_SOURCE
 #include "rest.h"
 
+#include "http_guard.h"
 #include "jobs.h"
 #include "telemetry.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -446,6 +451,19 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     add(&t, "prism_http_request_duration_seconds_bucket{le=\"+Inf\"} %llu\n", count);
     add(&t, "prism_http_request_duration_seconds_sum %.6f\n", (double)atomic_load(&http_micros) / 1e6);
     add(&t, "prism_http_request_duration_seconds_count %llu\n", count);
+    family(&t, "prism_http_refused_total", "counter",
+           "HTTP connections closed or requests refused by a limit, by listener and limit (see prismd --help).");
+    for (int l = 0; l < PRISMD_LISTENERS; l++)
+        for (int r = 0; r < PRISMD_REFUSALS; r++)
+            add(&t, "prism_http_refused_total{listener=\"%s\",reason=\"%s\"} %llu\n",
+                prismd_listener_name((prismd_listener)l), prismd_refusal_name((prismd_refusal)r),
+                prismd_http_refusals((prismd_listener)l, (prismd_refusal)r));
+    family(&t, "prism_http_connections", "gauge", "HTTP connections open now, by listener.");
+    for (int l = 0; l < PRISMD_LISTENERS; l++)
+        add(&t, "prism_http_connections{listener=\"%s\"} %llu\n", prismd_listener_name((prismd_listener)l),
+            prismd_http_connections((prismd_listener)l));
+    family(&t, "prism_http_event_streams", "gauge", "GET /v1/jobs/JOB/events streams open now.");
+    add(&t, "prism_http_event_streams %llu\n", prismd_http_event_streams());
     if (t.failed) {
         free(t.data);
         answer_error(a, 500, "internal", "out of memory");
@@ -506,6 +524,54 @@ static bool readable(const char *path)
     return allowed && strncmp(allowed, "GET", 3) == 0 && !events;
 }
 
+/* PATCH .../config naming a telemetry_file: the file must be one prismd can open for append in
+ * the job's directory (created as a decision would create it; a file made only for this check is
+ * removed again). The name's own rules are the policy core's (checked after this, on the policy
+ * thread); a name it refuses is left to it. False with a 400 in a when the file cannot be used. */
+static bool telemetry_file_usable(const prismd_rest *r, const char *job, const char *body, size_t body_len,
+                                  prismd_answer *a)
+{
+    json_t *doc = r->data_dir ? json_loadb(body, body_len, 0, NULL) : NULL;
+    const char *name = json_string_value(json_object_get(doc, "telemetry_file"));
+    if (!name || prism_config_file_name_problem(name)) {
+        json_decref(doc);
+        return true;
+    }
+    char path[4096];
+    int n = prismd_job_file(r->data_dir, "", "", path, sizeof path);
+    if (n > 0 && (size_t)n < sizeof path)
+        mkdir(path, 0750);
+    n = prismd_job_file(r->data_dir, job, "", path, sizeof path);
+    if (n > 0 && (size_t)n < sizeof path)
+        mkdir(path, 0750);
+    n = prismd_job_file(r->data_dir, job, name, path, sizeof path);
+    const char *why = NULL;
+    if (n < 0 || (size_t)n >= sizeof path) {
+        why = "the path in the job's directory is too long";
+    } else {
+        int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+        bool created = false;
+        if (fd < 0 && errno == ENOENT) {
+            fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+            created = fd >= 0;
+        }
+        struct stat st;
+        if (fd < 0)
+            why = strerror(errno);
+        else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+            why = "not a regular file";
+        if (fd >= 0)
+            close(fd);
+        if (created)
+            unlink(path);
+    }
+    if (why)
+        answer_error(a, 400, "invalid_argument", "telemetry_file: \"%.64s\" cannot be opened for append in job %s's "
+                     "directory: %s", name, job, why);
+    json_decref(doc);
+    return !why;
+}
+
 bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, const char *auth, const char *body,
                         size_t body_len, prismd_answer *a)
 {
@@ -535,6 +601,8 @@ bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, co
         answer_error(a, 403, "permission_denied", "job %s: wrong token", j->id);
     prismd_snapshot_release(snap);
     if (a->body)
+        return true;
+    if (kind == PRISMD_COMMAND_PATCH_CONFIG && !telemetry_file_usable(r, job, body, body_len, a))
         return true;
     a->status = prismd_commands_run(r->commands, kind, job, auth, body, body_len, 5000, &a->body);
     a->content_type = "application/json";
