@@ -10,6 +10,7 @@
 #include "policy.h"
 #include "telemetry.h"
 #include "prism/v1/prism.pb-c.h"
+#include "wire_check.h"
 
 #include <grpc/status.h>
 #include <jansson.h>
@@ -89,6 +90,16 @@ static bool fail(prismd_status *end, int code, const char *fmt, ...)
     va_end(ap);
     end->code = code;
     return false;
+}
+
+/* Refuses, before unpacking, a message with a string that protobuf-c would cut at a NUL byte
+ * (a Hello for job "x\0y" would join job "x") or pass on without checking its UTF-8. */
+static bool strings_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len, prismd_status *end)
+{
+    char path[128];
+    if (prism_proto_strings_ok(desc, data, len, path, sizeof path))
+        return true;
+    return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "%s: a string that is not UTF-8 or holds a NUL byte", path);
 }
 
 static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
@@ -881,6 +892,10 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
                                size_t len, int64_t now_ms, prismd_status *end)
 {
     j->dirty = true; /* every message moves a counter that /metrics shows */
+    if (!strings_ok(&prism__v1__agent_message__descriptor, data, len, end)) {
+        j->counters.streams_refused++;
+        return false;
+    }
     Prism__V1__AgentMessage *m = prism__v1__agent_message__unpack(NULL, len, data);
     if (!m) {
         j->counters.streams_refused++;
@@ -947,6 +962,8 @@ void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer
 bool prismd_jobs_get_block_map(prismd_jobs *j, const char *auth, const uint8_t *req, size_t len, uint8_t **out,
                                size_t *out_len, prismd_status *end)
 {
+    if (!strings_ok(&prism__v1__block_map_request__descriptor, req, len, end))
+        return false;
     Prism__V1__BlockMapRequest *r = prism__v1__block_map_request__unpack(NULL, len, req);
     if (!r)
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "a request that is not a prism.v1.BlockMapRequest");
@@ -985,6 +1002,8 @@ bool prismd_jobs_get_block_map(prismd_jobs *j, const char *auth, const uint8_t *
 bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *req, size_t len,
                        prismd_status *end)
 {
+    if (!strings_ok(&prism__v1__watch_request__descriptor, req, len, end))
+        return false;
     Prism__V1__WatchRequest *r = prism__v1__watch_request__unpack(NULL, len, req);
     if (!r)
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "a request that is not a prism.v1.WatchRequest");

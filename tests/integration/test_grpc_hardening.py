@@ -212,6 +212,28 @@ LAYOUT_BLOCKS = [pb.BlockInfo(id=0, name="h.0", param_bytes_bf16=1000),
                  pb.BlockInfo(id=1, name="h.1", param_bytes_bf16=3000)]
 
 
+class StringTest(Base):
+    """Item 10: a string that protobuf-c would cut at a NUL byte, or pass on as bad UTF-8, is
+    refused before anything reads it: a Hello for job "x\\0y" joined job "x" before."""
+
+    def test_a_job_id_with_a_nul_byte_is_refused_and_joins_nothing(self):
+        a = self.agent()
+        a.hello("x\x00y", 0, 1)
+        self.assertEqual(a.status(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(a.done.details(), "hello.job_id: a string that is not UTF-8 or holds a NUL byte")
+        b = self.agent()
+        b.send(hello=pb.Hello(job_id="ok", rank=0, world_size=1, node="n\x00ode"))
+        self.assertEqual(b.status(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(b.done.details(), "hello.node: a string that is not UTF-8 or holds a NUL byte")
+        with self.assertRaises(grpc.RpcError) as e:
+            tg.block_map(self.prismd, "x\x00y")
+        self.assertEqual((e.exception.code(), e.exception.details()),
+                         (grpc.StatusCode.INVALID_ARGUMENT,
+                          "job_id: a string that is not UTF-8 or holds a NUL byte"))
+        # Neither "x" nor "ok" came to exist.
+        self.assertEqual(self.prismd.json_until("/v1/jobs", lambda d: True)["jobs"], [])
+
+
 def layout(fingerprint):
     return pb.ModelLayout(fingerprint=fingerprint, model_id="m", blocks=LAYOUT_BLOCKS)
 

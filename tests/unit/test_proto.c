@@ -3,10 +3,12 @@
  * optional scalars keep "absent" apart from zero, the Precision numbers are the C
  * prism_precision values, field numbers stay where they were published, malformed bytes are
  * rejected with NULL, and the service lists exactly Connect, GetBlockMap and Watch. */
+#define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 
 #include "prism/common.h"
 #include "prism/v1/prism.pb-c.h"
+#include "wire_check.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -1015,6 +1017,116 @@ static void test_random_and_corrupted_bytes_never_crash_the_decoder(void)
     CU_ASSERT_EQUAL(not_repackable, 0);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Strings checked before unpacking (proto/wire_check.h) */
+
+/* A Hello for job "jobAB" with one layout block named "blockCD", packed; the test then puts
+ * bytes of its choice where "AB" or "CD" stand (same length, so the framing stays valid). */
+static uint8_t *hello_with_marks(size_t *len)
+{
+    Prism__V1__BlockInfo b = PRISM__V1__BLOCK_INFO__INIT;
+    b.id = 3;
+    b.name = "blockCD";
+    Prism__V1__BlockInfo *blocks[] = {&b};
+    Prism__V1__ModelLayout layout = PRISM__V1__MODEL_LAYOUT__INIT;
+    layout.n_blocks = 1;
+    layout.blocks = blocks;
+    Prism__V1__Hello h = PRISM__V1__HELLO__INIT;
+    h.job_id = "jobAB";
+    h.layout = &layout;
+    Prism__V1__AgentMessage m = PRISM__V1__AGENT_MESSAGE__INIT;
+    m.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_HELLO;
+    m.hello = &h;
+    return pack_message(&m.base, len);
+}
+
+static void put_mark(uint8_t *buf, size_t len, const char *mark, uint8_t b0, uint8_t b1)
+{
+    uint8_t *at = memmem(buf, len, mark, 2);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    at[0] = b0;
+    at[1] = b1;
+}
+
+/* Each row: two bytes put in the job id ("AB") or the block name ("CD"), and the path the
+ * check must name ("" when the message is fine). */
+static void test_strings_with_a_nul_or_bad_utf8_are_refused_by_path(void)
+{
+    static const struct {
+        const char *mark;
+        uint8_t b0, b1;
+        const char *path;
+    } rows[] = {
+        {"AB", 'x', 'y', ""},                                  /* plain ASCII */
+        {"AB", 0xc3, 0xa9, ""},                                /* U+00E9, two bytes */
+        {"AB", 'x', 0x00, "hello.job_id"},                     /* "jobx\0": joined "jobx" before */
+        {"AB", 0x00, 'y', "hello.job_id"},
+        {"AB", 0xc0, 0x80, "hello.job_id"},                    /* overlong NUL */
+        {"AB", 0xff, 'y', "hello.job_id"},                     /* never in UTF-8 */
+        {"AB", 'x', 0x80, "hello.job_id"},                     /* a lone continuation byte */
+        {"AB", 'x', 0xe2, "hello.job_id"},                     /* cut short at the end */
+        {"CD", 0x00, 'D', "hello.layout.blocks.name"},         /* two submessages down */
+        {"CD", 0xc1, 0xbf, "hello.layout.blocks.name"},        /* overlong U+007F */
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        size_t len;
+        uint8_t *buf = hello_with_marks(&len);
+        put_mark(buf, len, rows[i].mark, rows[i].b0, rows[i].b1);
+        char path[64] = "junk";
+        bool ok = prism_proto_strings_ok(&prism__v1__agent_message__descriptor, buf, len, path, sizeof path);
+        CU_ASSERT_EQUAL(ok, rows[i].path[0] == '\0');
+        if (!ok)
+            CU_ASSERT_STRING_EQUAL(path, rows[i].path);
+        free(buf);
+    }
+}
+
+/* Three- and four-byte forms: surrogates and code points past U+10FFFF are refused, the largest
+ * valid ones pass. The job id "jobABCD" is packed and its last four bytes replaced. */
+static void test_surrogates_and_code_points_past_the_last_are_refused(void)
+{
+    static const struct {
+        uint8_t bytes[4];
+        bool ok;
+    } rows[] = {
+        {{'a', 0xed, 0x9f, 0xbf}, true},  /* U+D7FF */
+        {{'a', 0xed, 0xa0, 0x80}, false}, /* U+D800 */
+        {{'a', 0xed, 0xbf, 0xbf}, false}, /* U+DFFF */
+        {{'a', 0xef, 0xbf, 0xbf}, true},  /* U+FFFF */
+        {{0xf4, 0x8f, 0xbf, 0xbf}, true}, /* U+10FFFF */
+        {{0xf4, 0x90, 0x80, 0x80}, false}, /* U+110000 */
+        {{0xf0, 0x8f, 0xbf, 0xbf}, false}, /* overlong U+FFFF */
+        {{0xf8, 0x88, 0x80, 0x80}, false}, /* a five-byte lead */
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        Prism__V1__BlockMapRequest r = PRISM__V1__BLOCK_MAP_REQUEST__INIT;
+        r.job_id = "jobABCD";
+        size_t len;
+        uint8_t *buf = pack_message(&r.base, &len);
+        uint8_t *at = memmem(buf, len, "ABCD", 4);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+        memcpy(at, rows[i].bytes, 4);
+        char path[32];
+        CU_ASSERT_EQUAL(prism_proto_strings_ok(&prism__v1__block_map_request__descriptor, buf, len, path, sizeof path),
+                        rows[i].ok);
+        if (!rows[i].ok)
+            CU_ASSERT_STRING_EQUAL(path, "job_id");
+        free(buf);
+    }
+}
+
+/* Bytes that are not a message are the unpacker's to refuse: the check passes them (every
+ * truncation of a packed Hello, whose strings are fine). */
+static void test_malformed_bytes_are_left_to_the_unpacker(void)
+{
+    size_t len;
+    uint8_t *buf = hello_with_marks(&len);
+    char path[64];
+    for (size_t cut = 0; cut <= len; cut++)
+        CU_ASSERT_TRUE(prism_proto_strings_ok(&prism__v1__agent_message__descriptor, buf, cut, path, sizeof path));
+    free(buf);
+}
+
 /* --------------------------------------------------------------------------------------------- */
 
 static const prism_test_case agent_cases[] = {
@@ -1071,6 +1183,11 @@ static const prism_test_case malformed_cases[] = {
     {"test_unknown_fields_are_skipped", test_unknown_fields_are_skipped},
     {"test_random_and_corrupted_bytes_never_crash_the_decoder",
      test_random_and_corrupted_bytes_never_crash_the_decoder},
+    {"test_strings_with_a_nul_or_bad_utf8_are_refused_by_path",
+     test_strings_with_a_nul_or_bad_utf8_are_refused_by_path},
+    {"test_surrogates_and_code_points_past_the_last_are_refused",
+     test_surrogates_and_code_points_past_the_last_are_refused},
+    {"test_malformed_bytes_are_left_to_the_unpacker", test_malformed_bytes_are_left_to_the_unpacker},
     {NULL, NULL},
 };
 
