@@ -267,6 +267,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
 
     size_t url_len = strlen(url);
     char events_job[160] = "";
+    prismd_answer events_refused = {0};
     if (utf8_valid(url) && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
         strcmp(url + url_len - 7, "/events") == 0 &&
         prismd_rest_allowed(url)) {
@@ -275,6 +276,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         prismd_snapshot *snap = prismd_snapshots_get(srv->rest.snapshots);
         bool known = snap && prismd_snapshot_find(snap, events_job);
         prismd_snapshot_release(snap);
+        if (known && !prismd_rest_may_read(&srv->rest, events_job, bearer(conn), &events_refused))
+            known = false; /* answered below with events_refused */
         if (known) {
             struct MHD_Response *stream = prismd_events_response(srv->events, conn, events_job);
             if (!stream)
@@ -302,6 +305,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     } else if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
+    } else if (events_refused.body) {
+        reply = (prismd_reply){events_refused.status, events_refused.body, events_refused.content_type, NULL, 0, false};
     } else if (events_job[0]) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
     } else if (body && body->too_large) {
@@ -309,12 +314,12 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
                     PRISMD_BODY_MAX);
     } else if (route && readable) {
         route->get(srv, &reply);
-    } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
+    } else if (!route && readable && prismd_rest_get(&srv->rest, url, bearer(conn), query_arg, conn, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
                                answer.gzip};
-    } else if (!route && body &&
-               prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
-                                  &answer)) {
+    } else if (!route && (body || strcmp(method, MHD_HTTP_METHOD_DELETE) == 0) &&
+               prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body && body->data ? body->data : "",
+                                  body ? body->len : 0, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
                                answer.gzip};
     } else {
@@ -438,6 +443,8 @@ void prismd_http_print_help(FILE *out)
         {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
         {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
         {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
+        {"DELETE /v1/jobs/JOB", "admin token only: ends the job's streams (NOT_FOUND), removes it from memory, the "
+                                "store and DIR/jobs/JOB/; 200 {\"job_id\",\"deleted\":true}, 404 unknown job"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
     };
     for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)
