@@ -222,6 +222,11 @@ class AuthTest(unittest.TestCase):
         job_dir = os.path.join(self.prismd.dir, "data", "jobs", "job-a")
         wait_for("the job's telemetry file", lambda: os.listdir(job_dir) if os.path.isdir(job_dir) else None)
         self.assertEqual(self.refused("job-b", "tok-b"), S.RESOURCE_EXHAUSTED)
+        host, port = self.prismd.http_addr.rsplit(":", 1)
+        events = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+        events.request("GET", "/v1/jobs/job-a/events")
+        stream = events.getresponse()
+        self.assertEqual(stream.readline(), b"event: map\n")
         for token, status, code in [(None, 401, "unauthenticated"), ("tok-a", 403, "permission_denied"),
                                     ("wrong", 403, "permission_denied")]:
             got, body = self.prismd.http("/v1/jobs/job-a", "DELETE", token=token)
@@ -232,6 +237,11 @@ class AuthTest(unittest.TestCase):
         self.assertIn("job job-a was deleted", a.done.details())
         self.assertEqual(self.prismd.http("/v1/jobs/job-a", "DELETE", token=ADMIN)[0], 404)
         self.assertFalse(os.path.exists(job_dir))
+        # The dashboard's event stream says so and ends (bounded: at most 100 lines to the end).
+        lines = [stream.readline() for _ in range(100)]
+        self.assertIn(b'data: {"job_id":"job-a"}\n', lines[lines.index(b"event: deleted\n"):])
+        self.assertEqual(lines[-1], b"")
+        events.close()
         # REST shows the snapshot published just after the change.
         wait_for("job-a gone from REST", lambda: self.prismd.http("/v1/jobs/job-a/blocks")[0] == 404)
         self.assertEqual(metric(self.prismd, 'prism_jobs_deleted_total{reason="admin"}'), 1)
