@@ -256,6 +256,21 @@ class AuthTest(unittest.TestCase):
         self.assertEqual(job_ids(self.prismd), ["job-b"])
         self.assertEqual(self.prismd.http("/v1/jobs/job-a/blocks")[0], 404)
 
+    def test_prismctl_delete(self):
+        self.start("--admin-token-file", self.admin_file)
+        self.welcomed("job-a", "tok-a").close()
+        prismctl = os.path.join(BUILD, "service", "prismctl")
+        server = "http://" + self.prismd.http_addr
+        env = dict(os.environ)
+        env.pop("PRISM_TOKEN", None)
+        p = subprocess.run([prismctl, "--server", server, "--token", "tok-a", "delete", "job-a"], env=env,
+                           capture_output=True, text=True, timeout=WAIT_S)
+        self.assertEqual((p.returncode, p.stderr), (2, "prismctl: the server answered 403: job job-a: wrong token "
+                                                       "(deleting a job needs the admin token)\n"))
+        p = subprocess.run([prismctl, "--server", server, "--token", ADMIN, "delete", "job-a"], env=env,
+                           capture_output=True, text=True, timeout=WAIT_S)
+        self.assertEqual((p.returncode, json.loads(p.stdout)), (0, {"job_id": "job-a", "deleted": True}))
+
     def test_idle_jobs_expire_and_connected_ones_do_not(self):
         self.start("--job-idle-expiry", "300ms")
         busy = self.welcomed("job-busy", "tok-b")
