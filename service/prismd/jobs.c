@@ -243,12 +243,9 @@ static const char *job_token(const prismd_jobs *j, const prismd_job *job)
     return provisioned ? provisioned : job->token;
 }
 
-/* The auth rule (auth.h) for a gRPC call; false with *end set (UNAUTHENTICATED or
- * PERMISSION_DENIED) when it refuses. */
-static bool grpc_authorized(const prismd_jobs *j, const char *id, const char *token, const char *bearer,
-                            prismd_access access, prismd_status *end)
+/* False with *end set (UNAUTHENTICATED or PERMISSION_DENIED) for a refusal a; true for OK. */
+static bool refuse(prismd_status *end, const char *id, prismd_auth a)
 {
-    prismd_auth a = prismd_auth_check(&j->rule, token, bearer, access);
     if (a == PRISMD_AUTH_MISSING)
         return fail(end, GRPC_STATUS_UNAUTHENTICATED,
                     "job %s: wrong or missing token (none was sent; the job's or the admin token is needed)", id);
@@ -256,6 +253,13 @@ static bool grpc_authorized(const prismd_jobs *j, const char *id, const char *to
         return fail(end, GRPC_STATUS_PERMISSION_DENIED,
                     "job %s: wrong or missing token (the one sent is neither the job's nor the admin token)", id);
     return true;
+}
+
+/* The auth rule (auth.h) for a gRPC call; false with *end set when it refuses. */
+static bool grpc_authorized(const prismd_jobs *j, const char *id, const char *token, const char *bearer,
+                            prismd_access access, prismd_status *end)
+{
+    return refuse(end, id, prismd_auth_check(&j->rule, token, bearer, access));
 }
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t size)
@@ -615,17 +619,19 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                     JOB_ID_MAX);
     const char *token = peer->auth ? peer->auth : (h->token && h->token[0] ? h->token : NULL);
     const char *provisioned = prismd_tokens_find(j->tokens, h->job_id);
-    /* PERMISSION_DENIED, as for a wrong token: the answer does not tell which job ids exist. */
-    if (!provisioned && j->limits.require_provisioned_tokens)
-        return fail(end, GRPC_STATUS_PERMISSION_DENIED,
-                    "job %s has no provisioned token, and prismd requires one (--require-provisioned-tokens)",
-                    h->job_id);
+    /* Refused as a wrong (or missing) token is, word for word, so that the answer does not tell
+     * which job ids are provisioned; the log says why. */
+    if (!provisioned && j->limits.require_provisioned_tokens) {
+        prism_log(PRISM_LOG_WARN, "hello refused: the job has no provisioned token (--require-provisioned-tokens)",
+                  "job", h->job_id, LOG_END);
+        return refuse(end, h->job_id, token ? PRISMD_AUTH_WRONG : PRISMD_AUTH_MISSING);
+    }
     prismd_job *job = find_job(j, h->job_id);
     if (!job) {
-        if (!j->limits.auto_create)
-            return fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", h->job_id);
         if (provisioned && !grpc_authorized(j, h->job_id, provisioned, token, PRISMD_ACCESS_AGENT, end))
             return false;
+        if (!j->limits.auto_create)
+            return fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", h->job_id);
         /* Everything checked before the job is made, so a refused Hello leaves nothing behind. */
         uint32_t world = j->defaults.world_size ? (uint32_t)j->defaults.world_size : h->world_size;
         if (world == 0 || world > 1000000)

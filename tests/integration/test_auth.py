@@ -155,8 +155,21 @@ class AuthTest(unittest.TestCase):
         # A squatter guessing the job id, with no token or a made-up one: refused.
         self.assertEqual(self.refused("job-a", None), S.UNAUTHENTICATED)
         self.assertEqual(self.refused("job-a", "squat"), S.PERMISSION_DENIED)
-        # A job nobody provisioned cannot be created at all.
-        self.assertEqual(self.refused("job-x", "anything"), S.PERMISSION_DENIED)
+        # A job nobody provisioned cannot be created at all; the answers are those of a wrong or
+        # missing token word for word, so they do not tell which job ids are provisioned.
+        a = self.agent(None)
+        a.hello("job-x", 0, 1)
+        self.assertEqual(a.status(), S.UNAUTHENTICATED)
+        b = self.agent("anything")
+        b.hello("job-x", 0, 1)
+        self.assertEqual(b.status(), S.PERMISSION_DENIED)
+        c = self.agent(None)
+        c.hello("job-a", 0, 1)
+        d = self.agent("anything")
+        d.hello("job-a", 0, 1)
+        self.assertEqual((c.status(), d.status()), (S.UNAUTHENTICATED, S.PERMISSION_DENIED))
+        self.assertEqual([x.done.details().replace("job-a", "job-x") for x in (c, d)],
+                         [x.done.details() for x in (a, b)])
         self.assertEqual(job_ids(self.prismd), [])
         self.welcomed("job-a", "tok-a")
         wait_for("job-a listed", lambda: job_ids(self.prismd) == ["job-a"])
