@@ -395,8 +395,8 @@ static const prismd_option prismd_option_table[] = {
      "re-read --job-tokens-dir and --job-tokens-file this often (they are also re-read on SIGHUP); 0: on "
      "SIGHUP only. A load that fails keeps the tokens in force and is logged and counted"},
     {"require-provisioned-tokens", 0, NULL, NULL, set_require_provisioned_tokens,
-     "a Hello for a job without a provisioned token is refused with PERMISSION_DENIED (no trust on "
-     "first use); needs --job-tokens-dir or --job-tokens-file"},
+     "a Hello for a job without a provisioned token is refused as a wrong token is (PERMISSION_DENIED; "
+     "UNAUTHENTICATED without a token): no trust on first use; needs --job-tokens-dir or --job-tokens-file"},
     {"require-read-token", 0, NULL, NULL, set_require_read_token,
      "reads of a job (REST GETs and events, GetBlockMap, Watch) need the job's or the admin token; "
      "/healthz, /readyz, /metrics and /v1/config/defaults stay open"},
