@@ -121,6 +121,16 @@ const char *prismd_tokens_find(const prismd_tokens *t, const char *job_id)
     return e ? e->token : NULL;
 }
 
+bool prismd_tokens_same(const prismd_tokens *a, const prismd_tokens *b)
+{
+    if (prismd_tokens_count(a) != prismd_tokens_count(b))
+        return false;
+    for (size_t i = 0; i < prismd_tokens_count(a); i++)
+        if (strcmp(a->entries[i].job, b->entries[i].job) != 0 || strcmp(a->entries[i].token, b->entries[i].token) != 0)
+            return false;
+    return true;
+}
+
 size_t prismd_tokens_count(const prismd_tokens *t)
 {
     return t ? t->n : 0;

@@ -65,6 +65,8 @@ void prismd_tokens_free(prismd_tokens *t);
 /* The job's provisioned token, or NULL. */
 const char *prismd_tokens_find(const prismd_tokens *t, const char *job_id);
 size_t prismd_tokens_count(const prismd_tokens *t);
+/* True when a and b hold the same jobs with the same tokens (NULL holds none). */
+bool prismd_tokens_same(const prismd_tokens *a, const prismd_tokens *b);
 
 /* Hands a freshly loaded table from the thread that reads the files (main) to the policy
  * thread, which alone uses it. */

@@ -1190,15 +1190,19 @@ static prism_status delete_job(prismd_jobs *j, size_t i, int code, const char *w
 }
 
 /* Takes a reloaded token table, saves activity times the store lacks (at once for a job with no
- * agent, whose idle time counts; at most every 30 s otherwise), and deletes jobs idle past
- * --job-idle-expiry. At most every 100 ms. */
+ * agent, whose idle time counts; at most every tenth of the expiry, 1 s to 5 min, otherwise),
+ * and deletes jobs idle past --job-idle-expiry. At most every 100 ms. */
 static void housekeeping(prismd_jobs *j, int64_t now_ms)
 {
     prismd_tokens *fresh;
     if (j->limits.tokens && prismd_token_box_take(j->limits.tokens, &fresh)) {
+        bool changed = !prismd_tokens_same(j->tokens, fresh);
         prismd_tokens_free(j->tokens);
         j->tokens = fresh;
-        j->urgent = true; /* REST checks tokens from the snapshot */
+        if (changed)
+            j->urgent = true; /* REST checks tokens from the snapshot */
+        else
+            j->dirty = true;  /* the count of loads moved */
     }
     if (j->limits.tokens && atomic_load(&j->limits.tokens->loads_failed) != j->token_loads_failed_seen) {
         j->token_loads_failed_seen = atomic_load(&j->limits.tokens->loads_failed);
@@ -1208,6 +1212,10 @@ static void housekeeping(prismd_jobs *j, int64_t now_ms)
         return;
     j->last_expiry_check_ms = now_ms;
     int64_t wall = wall_ms();
+    /* While agents are connected the stored time may lag by a tenth of the expiry (1 s to
+     * 5 min): what a kill -9 then costs is expiring that much early. */
+    int64_t save_every = j->limits.idle_expiry_ms ? j->limits.idle_expiry_ms / 10 : 300000;
+    save_every = save_every < 1000 ? 1000 : save_every > 300000 ? 300000 : save_every;
     for (size_t i = 0; i < j->njobs;) {
         prismd_job *job = j->jobs[i];
         int64_t idle = wall - job->last_active_ms;
@@ -1225,7 +1233,7 @@ static void housekeeping(prismd_jobs *j, int64_t now_ms)
             prism_log(PRISM_LOG_ERROR, "cannot delete an expired job", "job", id, "error", err.message, LOG_END);
         }
         if (j->store && job->last_active_ms != job->saved_active_ms &&
-            (job->nagents == 0 || job->last_active_ms - job->saved_active_ms >= 30000)) {
+            (job->nagents == 0 || job->last_active_ms - job->saved_active_ms >= save_every)) {
             prism_error err;
             if (prismd_store_save_activity(j->store, job->id, job->last_active_ms, &err) == PRISM_OK)
                 job->saved_active_ms = job->last_active_ms;
