@@ -577,13 +577,14 @@ bool prismd_rest_may_read(prismd_rest *r, const char *job_id, const char *auth, 
     return ok;
 }
 
-/* GET /v1/jobs. Open unless --require-read-token; then the admin token lists every job, and a
- * job's token the jobs it opens (403 when it opens none). */
+/* GET /v1/jobs, by the rule of auth.h: without a token every job, unless --require-read-token
+ * (401); with the admin token every job; with another token, which must open at least one job
+ * (else 403, as a wrong token anywhere), every job when reads are open and the jobs it opens
+ * when they are not. */
 static void get_jobs(prismd_rest *r, prismd_snapshot *snap, const char *auth, prismd_answer *a)
 {
     prismd_auth_rule rule = {r->admin_token, r->require_read_token};
-    bool admin = auth && prismd_token_equal(auth, r->admin_token);
-    if (!r->require_read_token || admin) {
+    if ((!auth && !r->require_read_token) || (auth && prismd_token_equal(auth, r->admin_token))) {
         answer_cached(a, snap, &snap->jobs_json, &snap->jobs_gzip, render_jobs, snap);
         return;
     }
@@ -592,20 +593,23 @@ static void get_jobs(prismd_rest *r, prismd_snapshot *snap, const char *auth, pr
         return;
     }
     json_t *jobs = json_array();
-    size_t shown = 0;
+    size_t opened = 0;
     for (size_t i = 0; jobs && i < snap->njobs; i++) {
         const prismd_snap_job *j = &snap->jobs[i];
-        if (j->token && prismd_auth_check(&rule, j->token, auth, PRISMD_ACCESS_READ) == PRISMD_AUTH_OK) {
+        if (prismd_auth_check(&rule, j->token, auth, PRISMD_ACCESS_READ) == PRISMD_AUTH_OK) {
             json_array_append_new(jobs, job_json(j));
-            shown++;
+            opened++;
         }
     }
-    if (!shown) {
+    if (!opened && (snap->njobs || r->admin_token)) {
         json_decref(jobs);
         answer_error(a, 403, "permission_denied", "wrong token (it opens no job and is not the admin token)");
-        return;
+    } else if (!r->require_read_token) {
+        json_decref(jobs);
+        answer_cached(a, snap, &snap->jobs_json, &snap->jobs_gzip, render_jobs, snap);
+    } else {
+        answer_json(a, 200, json_pack("{s:o}", "jobs", jobs));
     }
-    answer_json(a, 200, json_pack("{s:o}", "jobs", jobs));
 }
 
 bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_query_fn query, void *query_ctx,

@@ -354,6 +354,12 @@ class AuthTest(unittest.TestCase):
     def test_auth_matrix_with_open_reads(self):
         self.run_matrix(require_read=False)
         wait_for("job-a deleted", lambda: job_ids(self.prismd) == ["job-b"])
+        # The job list: open, also for a job's token; a token that opens nothing is refused.
+        self.decided("job-c", "tok-c")
+        wait_for("job-c listed", lambda: job_ids(self.prismd) == ["job-b", "job-c"])
+        self.assertEqual(job_ids(self.prismd, "tok-c"), ["job-b", "job-c"])
+        self.assertEqual(job_ids(self.prismd, ADMIN), ["job-b", "job-c"])
+        self.assertEqual(self.prismd.http("/v1/jobs", token="nobody's")[0], 403)
 
     def test_auth_matrix_with_require_read_token(self):
         self.run_matrix(require_read=True)
