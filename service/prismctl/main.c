@@ -17,6 +17,7 @@ static const command commands[] = {
     {"blocks", prismctl_rest, "show a job's block map as a table (REST)"},
     {"config", prismctl_rest, "get or patch a job's policy config (REST)"},
     {"overrides", prismctl_rest, "set a job's force_bf16_blocks and force_int8_blocks (REST)"},
+    {"delete", prismctl_rest, "delete a job with its state and files (REST, the admin token)"},
     {"replay", prismctl_replay, "run the policy over a recorded trace and print its telemetry JSONL"},
 };
 

@@ -261,9 +261,11 @@ static void rest_usage(FILE *out, const char *cmd)
             "  config get JOB                the job's policy config in force (JSON)\n"
             "  config patch JOB KEY=VALUE... change config keys; they apply at the next decision\n"
             "  overrides JOB [--bf16 IDS] [--low IDS]\n"
-            "                                set the force lists (both replaced; IDS like 1,2,3)\n\n"
+            "                                set the force lists (both replaced; IDS like 1,2,3)\n"
+            "  delete JOB                    delete the job, its state and files (admin token)\n\n"
             "--server defaults to $PRISM_SERVER or http://127.0.0.1:8080; --token to $PRISM_TOKEN\n"
-            "(needed for changes when the job has a token or prismd has an admin token).\n",
+            "(needed for changes when the job has a token or prismd has an admin token, and for\n"
+            "reads when prismd runs with --require-read-token).\n",
             cmd);
 }
 
@@ -315,6 +317,13 @@ int prismctl_rest(int argc, char **argv)
         code = cmd_config_patch(&c, rest[1], nrest - 2, rest + 2);
     else if (strcmp(cmd, "overrides") == 0 && nrest == 1)
         code = cmd_overrides(&c, rest[0], bf16, low);
+    else if (strcmp(cmd, "delete") == 0 && nrest == 1) {
+        char path[512];
+        snprintf(path, sizeof path, "/v1/jobs/%s", rest[0]);
+        response r;
+        code = request(&c, "DELETE", path, NULL, &r) ? print_answer(&r) : 1;
+        free(r.body);
+    }
     else
         rest_usage(stderr, cmd);
     curl_global_cleanup();

@@ -9,7 +9,8 @@
 
 typedef enum prismd_command_kind {
     PRISMD_COMMAND_PATCH_CONFIG,   /* body: an object of policy config keys */
-    PRISMD_COMMAND_PUT_OVERRIDES   /* body: {"force_bf16_blocks": [...], "force_int8_blocks": [...]} */
+    PRISMD_COMMAND_PUT_OVERRIDES,  /* body: {"force_bf16_blocks": [...], "force_int8_blocks": [...]} */
+    PRISMD_COMMAND_DELETE_JOB      /* no body: the job, its state and its files go (admin token) */
 } prismd_command_kind;
 
 typedef struct prismd_command {

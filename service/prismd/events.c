@@ -20,6 +20,7 @@ typedef struct stream {
     struct MHD_Connection *conn;
     char job[160];
     bool started;           /* sent the first event (the map as it is) */
+    bool gone;              /* the job was deleted: a "deleted" event, then the end */
     uint64_t version;       /* last map version sent */
     bool suspended;
     time_t last_write;
@@ -114,6 +115,12 @@ static void next_event(stream *s, time_t now)
         s->pending_off = 0;
         s->started = true;
         s->version = j->map_version;
+    } else if (!j && snap && s->started) {
+        /* The job was deleted (DELETE, idle expiry): say so once, then end the stream. */
+        int n = snprintf(s->pending, sizeof s->pending, "event: deleted\ndata: {\"job_id\":\"%s\"}\n\n", s->job);
+        s->pending_len = n > 0 && (size_t)n < sizeof s->pending ? (size_t)n : 0;
+        s->pending_off = 0;
+        s->gone = true;
     } else if (now - s->last_write >= KEEPALIVE_S) {
         s->pending_len = (size_t)snprintf(s->pending, sizeof s->pending, ": keep-alive\n\n");
         s->pending_off = 0;
@@ -127,7 +134,7 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max)
     stream *s = cls;
     prismd_events *e = s->events;
     pthread_mutex_lock(&e->lock);
-    if (e->closing) {
+    if (e->closing || (s->gone && s->pending_off == s->pending_len)) {
         pthread_mutex_unlock(&e->lock);
         return MHD_CONTENT_READER_END_OF_STREAM;
     }

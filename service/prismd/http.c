@@ -419,14 +419,15 @@ static bool request_start(const struct prismd_http *h, struct MHD_Connection *co
 /* Answers GET /v1/jobs/{job}/events for a job that exists with a stream, or with 503 and
  * Retry-After when the streams are capped; false when the job does not exist (404 follows). */
 static bool open_events(const struct prismd_http *h, struct MHD_Connection *conn, const char *url,
-                        const char *events_job, const struct timespec *started, enum MHD_Result *result)
+                        const char *events_job, const struct timespec *started, prismd_answer *refused_read,
+                        enum MHD_Result *result)
 {
     prismd_server *srv = h->srv;
     prismd_snapshot *snap = prismd_snapshots_get(srv->rest.snapshots);
     bool known = snap && prismd_snapshot_find(snap, events_job);
     prismd_snapshot_release(snap);
-    if (!known)
-        return false;
+    if (!known || !prismd_rest_may_read(&srv->rest, events_job, bearer(conn), refused_read))
+        return false; /* the caller answers: 404, or refused_read's 401/403 */
     prismd_events_refusal refused;
     struct MHD_Response *stream = prismd_events_response(srv->events, conn, events_job, &refused);
     if (stream) {
@@ -498,12 +499,13 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     const char *path_problem = path_refused(url);
     bool bad_path = path_problem != NULL;
     char events_job[160] = "";
+    prismd_answer events_refused = {0};
     if (!bad_path && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
         strcmp(url + url_len - 7, "/events") == 0 && prismd_rest_allowed(url)) {
         const char *id = url + strlen("/v1/jobs/");
         snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - 7 - strlen("/v1/jobs/")), id);
         enum MHD_Result result;
-        if (open_events(h, conn, url, events_job, &started, &result))
+        if (open_events(h, conn, url, events_job, &started, &events_refused, &result))
             return result;
     }
 
@@ -522,6 +524,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     } else if (!allowed) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
+    } else if (events_refused.body) {
+        reply = (prismd_reply){events_refused.status, events_refused.body, events_refused.content_type, NULL, 0, false};
     } else if (events_job[0]) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
     } else if (body && body->too_large) {
@@ -530,12 +534,12 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
                     PRISMD_BODY_MAX);
     } else if (route && readable) {
         route->get(srv, &reply);
-    } else if (!route && readable && prismd_rest_get(&srv->rest, url, query_arg, conn, &answer)) {
+    } else if (!route && readable && prismd_rest_get(&srv->rest, url, bearer(conn), query_arg, conn, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
                                answer.gzip};
-    } else if (!route && with_body &&
-               prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body->data ? body->data : "", body->len,
-                                  &answer)) {
+    } else if (!route && (with_body || strcmp(method, MHD_HTTP_METHOD_DELETE) == 0) &&
+               prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body && body->data ? body->data : "",
+                                  body ? body->len : 0, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
                                answer.gzip};
     } else {
@@ -702,6 +706,8 @@ void prismd_http_print_help(FILE *out)
         {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
         {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
         {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
+        {"DELETE /v1/jobs/JOB", "admin token only: ends the job's streams (NOT_FOUND), removes it from memory, the "
+                                "store and DIR/jobs/JOB/; 200 {\"job_id\",\"deleted\":true}, 404 unknown job"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},
     };
     for (size_t i = 0; i < sizeof rest_routes / sizeof rest_routes[0]; i++)

@@ -1,6 +1,7 @@
 /* Jobs (jobs.h): Hello and Welcome, step reports through the rank merge into the policy, and
  * every changed map pushed to all agents and watchers of the job with the same effective step. */
 #define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "jobs.h"
 #include "stream.h"
 
@@ -15,19 +16,27 @@
 #include <grpc/status.h>
 #include <jansson.h>
 #include <errno.h>
+#include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define JOB_ID_MAX 128
 
 typedef struct agent {
     prismd_stream *stream;
+    prismd_peer *peer;      /* the stream's, cleared when the job lets go of the stream */
     uint32_t rank;
 } agent;
+
+typedef struct watcher {
+    prismd_stream *stream;
+    prismd_peer *peer;
+} watcher;
 
 typedef struct rank_ack {
     bool has;
@@ -48,7 +57,7 @@ struct prismd_job {
     size_t fingerprint_len;
     agent *agents;
     size_t nagents, cap_agents;
-    prismd_stream **watchers;
+    watcher *watchers;
     size_t nwatchers, cap_watchers;
     rank_ack *acks;         /* world_size entries */
     prism_idmap name_ix;    /* block id -> index in names */
@@ -62,6 +71,8 @@ struct prismd_job {
     uint64_t switches[PRISMD_REASONS];
     bool has_summary;
     prism_summary summary;  /* of the last decision */
+    int64_t last_active_ms; /* wall clock of the last agent message or disconnect (--job-idle-expiry) */
+    int64_t saved_active_ms; /* the last_active_ms the store has */
 };
 
 struct prismd_jobs {
@@ -78,7 +89,19 @@ struct prismd_jobs {
     prismd_job **jobs;
     size_t njobs, cap_jobs;
     prismd_jobs_counters counters;
+    prismd_auth_rule rule;  /* admin token, --require-read-token */
+    prismd_tokens *tokens;  /* provisioned job tokens in force; NULL: none */
+    int64_t last_expiry_check_ms;
+    uint64_t token_loads_failed_seen; /* a failed reload changes only /metrics */
 };
+
+/* Wall-clock milliseconds: job activity is kept across restarts, so it cannot be monotonic. */
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static bool fail(prismd_status *end, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -116,6 +139,7 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     job->effective_step = saved->effective_step;
     job->has_summary = saved->has_summary;
     job->summary = saved->summary;
+    job->last_active_ms = job->saved_active_ms = wall_ms(); /* until the store says otherwise */
     prism_policy_progress progress;
     prism_policy_progress_get(job->policy, &progress);
     if (progress.has_last_step)
@@ -124,6 +148,15 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     snprintf(version, sizeof version, "%llu", (unsigned long long)progress.map_version);
     prism_log(PRISM_LOG_INFO, "job restored", "job", job->id, "map_version", version, LOG_END);
     return true;
+}
+
+static prismd_job *find_job(const prismd_jobs *j, const char *id);
+
+static void restore_activity(void *ctx, const char *job_id, int64_t last_active_ms)
+{
+    prismd_job *job = find_job(ctx, job_id);
+    if (job)
+        job->last_active_ms = job->saved_active_ms = last_active_ms;
 }
 
 prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_limits *limits, prismd_store *store,
@@ -142,7 +175,11 @@ prismd_jobs *prismd_jobs_create(const prism_config *defaults, const prismd_jobs_
     j->store = store;
     j->snapshots = snapshots;
     j->urgent = true;
-    if (store && prismd_store_load_jobs(store, defaults, restore_job, j, err)) {
+    j->rule = (prismd_auth_rule){limits->admin_token, limits->require_read_token};
+    if (limits->tokens)
+        prismd_token_box_take(limits->tokens, &j->tokens);
+    if (store && (prismd_store_load_jobs(store, defaults, restore_job, j, err) ||
+                  prismd_store_load_activity(store, restore_activity, j, err) < 0)) {
         prismd_jobs_destroy(j);
         return NULL;
     }
@@ -173,6 +210,7 @@ void prismd_jobs_destroy(prismd_jobs *j)
     for (size_t i = 0; i < j->njobs; i++)
         job_free(j->jobs[i]);
     free(j->jobs);
+    prismd_tokens_free(j->tokens);
     prism_config_free(&j->defaults);
     prism_buf_free(&j->line);
     free(j);
@@ -211,10 +249,30 @@ static bool valid_job_id(const char *id)
     return true;
 }
 
-/* The job's token check: a job without a token takes anyone; else the call's token must match. */
-static bool authorized(const prismd_job *job, const char *auth)
+/* The job's token in force: its provisioned one, else the one its first Hello brought. */
+static const char *job_token(const prismd_jobs *j, const prismd_job *job)
 {
-    return !job->token || (auth && strcmp(job->token, auth) == 0);
+    const char *provisioned = prismd_tokens_find(j->tokens, job->id);
+    return provisioned ? provisioned : job->token;
+}
+
+/* False with *end set (UNAUTHENTICATED or PERMISSION_DENIED) for a refusal a; true for OK. */
+static bool refuse(prismd_status *end, const char *id, prismd_auth a)
+{
+    if (a == PRISMD_AUTH_MISSING)
+        return fail(end, GRPC_STATUS_UNAUTHENTICATED,
+                    "job %s: wrong or missing token (none was sent; the job's or the admin token is needed)", id);
+    if (a == PRISMD_AUTH_WRONG)
+        return fail(end, GRPC_STATUS_PERMISSION_DENIED,
+                    "job %s: wrong or missing token (the one sent is neither the job's nor the admin token)", id);
+    return true;
+}
+
+/* The auth rule (auth.h) for a gRPC call; false with *end set when it refuses. */
+static bool grpc_authorized(const prismd_jobs *j, const char *id, const char *token, const char *bearer,
+                            prismd_access access, prismd_status *end)
+{
+    return refuse(end, id, prismd_auth_check(&j->rule, token, bearer, access));
 }
 
 static bool grow(void **arr, size_t *cap, size_t need, size_t size)
@@ -403,7 +461,7 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
         size_t ulen;
         uint8_t *ubuf = pack_update(&u, &ulen);
         for (size_t i = 0; ubuf && i < job->nwatchers; i++)
-            prismd_stream_send(job->watchers[i], ubuf, ulen);
+            prismd_stream_send(job->watchers[i].stream, ubuf, ulen);
         free(ubuf);
     }
     map_free(&st);
@@ -573,8 +631,18 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                     "hello.job_id: 1 to %d characters of letters, digits, '-', '_' or '.', starting with a letter or digit",
                     JOB_ID_MAX);
     const char *token = peer->auth ? peer->auth : (h->token && h->token[0] ? h->token : NULL);
+    const char *provisioned = prismd_tokens_find(j->tokens, h->job_id);
+    /* Refused as a wrong (or missing) token is, word for word, so that the answer does not tell
+     * which job ids are provisioned; the log says why. */
+    if (!provisioned && j->limits.require_provisioned_tokens) {
+        prism_log(PRISM_LOG_WARN, "hello refused: the job has no provisioned token (--require-provisioned-tokens)",
+                  "job", h->job_id, LOG_END);
+        return refuse(end, h->job_id, token ? PRISMD_AUTH_WRONG : PRISMD_AUTH_MISSING);
+    }
     prismd_job *job = find_job(j, h->job_id);
     if (!job) {
+        if (provisioned && !grpc_authorized(j, h->job_id, provisioned, token, PRISMD_ACCESS_AGENT, end))
+            return false;
         if (!j->limits.auto_create)
             return fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", h->job_id);
         /* Everything checked before the job is made, so a refused Hello leaves nothing behind. */
@@ -592,10 +660,12 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                           h->layout->fingerprint.len > sizeof job->fingerprint))
             return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout: over the limits (%zu blocks, %zu-byte "
                         "fingerprint)", j->limits.max_blocks, sizeof job->fingerprint);
-        if (!(job = create_job(j, h->job_id, world, token, end)))
+        /* Trust on first use keeps the Hello's token, never the admin token. */
+        const char *first = token && !prismd_token_equal(token, j->rule.admin_token) ? token : NULL;
+        if (!(job = create_job(j, h->job_id, world, first, end)))
             return false;
-    } else if (!authorized(job, token)) {
-        return fail(end, GRPC_STATUS_PERMISSION_DENIED, "job %s: wrong or missing token", h->job_id);
+    } else if (!grpc_authorized(j, job->id, job_token(j, job), token, PRISMD_ACCESS_AGENT, end)) {
+        return false;
     }
     if (h->world_size && h->world_size != job->world_size)
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.world_size: %u, but job %s has %u ranks",
@@ -633,7 +703,25 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         cal_free(&cached);
         return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    job->agents[job->nagents++] = (agent){s, h->rank};
+    /* One stream per rank: the newer agent wins, so that a restarted agent is never locked out
+     * by its own half-open old stream. The older one is told why. */
+    for (size_t i = 0; i < job->nagents; i++) {
+        if (job->agents[i].rank != h->rank)
+            continue;
+        agent old = job->agents[i];
+        job->agents[i] = job->agents[--job->nagents];
+        old.peer->job = NULL;
+        char why[96], rank[16];
+        snprintf(why, sizeof why, "replaced by a newer agent for rank %u", h->rank);
+        snprintf(rank, sizeof rank, "%u", h->rank);
+        prismd_stream_end(old.stream, GRPC_STATUS_ABORTED, why);
+        j->counters.agents_replaced++;
+        prism_log(PRISM_LOG_WARN, "agent replaced", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
+                  LOG_END);
+        break;
+    }
+    job->agents[job->nagents++] = (agent){s, peer, h->rank};
+    job->last_active_ms = wall_ms();
     j->urgent = true;
     peer->job = job;
     peer->rank = h->rank;
@@ -920,6 +1008,8 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
     prism__v1__agent_message__free_unpacked(m, NULL);
     if (!ok)
         j->counters.streams_refused++;
+    else if (peer->job)
+        peer->job->last_active_ms = wall_ms();
     return ok;
 }
 
@@ -943,6 +1033,7 @@ void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer
     for (size_t i = 0; i < job->nagents; i++) {
         if (job->agents[i].stream == s) {
             job->agents[i] = job->agents[--job->nagents];
+            job->last_active_ms = wall_ms(); /* the job is idle from now when it was its last agent */
             j->urgent = true;
             char rank[16];
             snprintf(rank, sizeof rank, "%u", peer->rank);
@@ -951,7 +1042,7 @@ void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer
         }
     }
     for (size_t i = 0; i < job->nwatchers; i++) {
-        if (job->watchers[i] == s) {
+        if (job->watchers[i].stream == s) {
             job->watchers[i] = job->watchers[--job->nwatchers];
             break;
         }
@@ -971,8 +1062,8 @@ bool prismd_jobs_get_block_map(prismd_jobs *j, const char *auth, const uint8_t *
     bool ok = false;
     if (!job) {
         fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", r->job_id ? r->job_id : "");
-    } else if (!authorized(job, auth)) {
-        fail(end, GRPC_STATUS_PERMISSION_DENIED, "job %s: wrong or missing token", job->id);
+    } else if (!grpc_authorized(j, job->id, job_token(j, job), auth, PRISMD_ACCESS_READ, end)) {
+        /* end says why */
     } else {
         Prism__V1__PrecisionUpdate u;
         map_storage st;
@@ -1011,12 +1102,12 @@ bool prismd_jobs_watch(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, cons
     bool ok = false;
     if (!job) {
         fail(end, GRPC_STATUS_NOT_FOUND, "job %s does not exist", r->job_id ? r->job_id : "");
-    } else if (!authorized(job, peer->auth)) {
-        fail(end, GRPC_STATUS_PERMISSION_DENIED, "job %s: wrong or missing token", job->id);
+    } else if (!grpc_authorized(j, job->id, job_token(j, job), peer->auth, PRISMD_ACCESS_READ, end)) {
+        /* end says why */
     } else if (!grow((void **)&job->watchers, &job->cap_watchers, job->nwatchers + 1, sizeof *job->watchers)) {
         fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     } else {
-        job->watchers[job->nwatchers++] = s;
+        job->watchers[job->nwatchers++] = (watcher){s, peer};
         peer->job = job;
         peer->watcher = true;
         ok = true;
@@ -1074,7 +1165,8 @@ static void publish(prismd_jobs *j)
         }
         sj->nblocks = n;
         snprintf(sj->id, sizeof sj->id, "%s", job->id);
-        sj->token = job->token ? strdup(job->token) : NULL;
+        const char *token = job_token(j, job);
+        sj->token = token ? strdup(token) : NULL;
         sj->hints_sent = job->hints_sent;
         sj->hints_h2d = job->hints.max_inflight_h2d;
         sj->hints_d2h = job->hints.max_inflight_d2h;
@@ -1114,14 +1206,120 @@ static void publish(prismd_jobs *j)
     snap->calibrations_malformed = c->calibrations_malformed;
     snap->calibrations_foreign = c->calibrations_foreign;
     snap->unimplemented_calls = c->unimplemented_calls;
+    snap->agents_replaced = c->agents_replaced;
+    snap->jobs_deleted = c->jobs_deleted;
+    snap->jobs_expired = c->jobs_expired;
+    if (j->limits.tokens) {
+        snap->tokens_loads_ok = atomic_load(&j->limits.tokens->loads_ok);
+        snap->tokens_loads_failed = atomic_load(&j->limits.tokens->loads_failed);
+    }
+    snap->tokens_provisioned = prismd_tokens_count(j->tokens);
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;
     snap->decision_seconds = j->decision_seconds;
     prismd_snapshots_publish(j->snapshots, snap);
 }
 
+/* Removes a file tree bottom up, not following links. */
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)ftw;
+    if ((flag == FTW_DP ? rmdir(path) : unlink(path)) != 0)
+        prism_log(PRISM_LOG_WARN, "cannot remove a deleted job's file", "path", path, "error", strerror(errno),
+                  LOG_END);
+    return 0;
+}
+
+/* Deletes the job at index i: durable first (the store), then its streams end with code and
+ * why, it leaves memory, and its files under DATA_DIR/jobs/JOB/ go. When the store cannot
+ * delete it, nothing changes and err says why. */
+static prism_status delete_job(prismd_jobs *j, size_t i, int code, const char *why, prism_error *err)
+{
+    prismd_job *job = j->jobs[i];
+    if (j->store && prismd_store_delete_job(j->store, job->id, err)) {
+        j->counters.store_errors++;
+        return err->status;
+    }
+    for (size_t k = 0; k < job->nagents; k++) {
+        job->agents[k].peer->job = NULL;
+        prismd_stream_end(job->agents[k].stream, code, why);
+    }
+    for (size_t k = 0; k < job->nwatchers; k++) {
+        job->watchers[k].peer->job = NULL;
+        prismd_stream_end(job->watchers[k].stream, code, why);
+    }
+    j->jobs[i] = j->jobs[--j->njobs];
+    char dir[4096] = "";
+    if (j->limits.data_dir)
+        prismd_job_file(j->limits.data_dir, job->id, "", dir, sizeof dir);
+    job_free(job); /* closes the telemetry file first */
+    struct stat sb;
+    if (dir[0] && lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode))
+        nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    j->urgent = true;
+    return PRISM_OK;
+}
+
+/* Takes a reloaded token table, saves activity times the store lacks (at once for a job with no
+ * agent, whose idle time counts; at most every tenth of the expiry, 1 s to 5 min, otherwise),
+ * and deletes jobs idle past --job-idle-expiry. At most every 100 ms. */
+static void housekeeping(prismd_jobs *j, int64_t now_ms)
+{
+    prismd_tokens *fresh;
+    if (j->limits.tokens && prismd_token_box_take(j->limits.tokens, &fresh)) {
+        bool changed = !prismd_tokens_same(j->tokens, fresh);
+        prismd_tokens_free(j->tokens);
+        j->tokens = fresh;
+        if (changed)
+            j->urgent = true; /* REST checks tokens from the snapshot */
+        else
+            j->dirty = true;  /* the count of loads moved */
+    }
+    if (j->limits.tokens && atomic_load(&j->limits.tokens->loads_failed) != j->token_loads_failed_seen) {
+        j->token_loads_failed_seen = atomic_load(&j->limits.tokens->loads_failed);
+        j->dirty = true;
+    }
+    if (j->last_expiry_check_ms && now_ms - j->last_expiry_check_ms < 100)
+        return;
+    j->last_expiry_check_ms = now_ms;
+    int64_t wall = wall_ms();
+    /* While agents are connected the stored time may lag by a tenth of the expiry (1 s to
+     * 5 min): what a kill -9 then costs is expiring that much early. */
+    int64_t save_every = j->limits.idle_expiry_ms ? j->limits.idle_expiry_ms / 10 : 300000;
+    save_every = save_every < 1000 ? 1000 : save_every > 300000 ? 300000 : save_every;
+    for (size_t i = 0; i < j->njobs;) {
+        prismd_job *job = j->jobs[i];
+        int64_t idle = wall - job->last_active_ms;
+        if (j->limits.idle_expiry_ms > 0 && job->nagents == 0 && idle > j->limits.idle_expiry_ms) {
+            char id[sizeof job->id], why[320], seconds[32];
+            snprintf(id, sizeof id, "%s", job->id);
+            snprintf(seconds, sizeof seconds, "%.3f", (double)idle / 1000.0);
+            snprintf(why, sizeof why, "job %s was deleted: idle for %s s, over --job-idle-expiry", id, seconds);
+            prism_error err;
+            if (delete_job(j, i, GRPC_STATUS_NOT_FOUND, why, &err) == PRISM_OK) {
+                j->counters.jobs_expired++;
+                prism_log(PRISM_LOG_INFO, "job expired", "job", id, "idle_s", seconds, LOG_END);
+                continue; /* another job moved to i */
+            }
+            prism_log(PRISM_LOG_ERROR, "cannot delete an expired job", "job", id, "error", err.message, LOG_END);
+        }
+        if (j->store && job->last_active_ms != job->saved_active_ms &&
+            (job->nagents == 0 || job->last_active_ms - job->saved_active_ms >= save_every)) {
+            prism_error err;
+            if (prismd_store_save_activity(j->store, job->id, job->last_active_ms, &err) == PRISM_OK)
+                job->saved_active_ms = job->last_active_ms;
+            else
+                prism_log(PRISM_LOG_ERROR, "cannot save a job's activity", "job", job->id, "error", err.message,
+                          LOG_END);
+        }
+        i++;
+    }
+}
+
 int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
 {
+    housekeeping(j, now_ms);
     int64_t next = -1;
     for (size_t i = 0; i < j->njobs; i++) {
         prismd_job *job = j->jobs[i];
@@ -1145,7 +1343,7 @@ void prismd_jobs_for_each_stream(prismd_jobs *j, void (*fn)(prismd_stream *s, vo
         for (size_t k = 0; k < job->nagents; k++)
             fn(job->agents[k].stream, ctx);
         for (size_t k = 0; k < job->nwatchers; k++)
-            fn(job->watchers[k], ctx);
+            fn(job->watchers[k].stream, ctx);
     }
 }
 
@@ -1178,18 +1376,30 @@ static unsigned run_command(prismd_jobs *j, const prismd_command *c, char **answ
         *answer = error_answer("not_found", "job %.128s does not exist", c->job_id);
         return 404;
     }
-    const char *admin = j->limits.admin_token;
-    if (job->token || admin) {
-        if (!c->auth) {
-            *answer = error_answer("unauthenticated", "job %s: this change needs the job's or the admin bearer token",
-                                   job->id);
-            return 401;
+    bool deleting = c->kind == PRISMD_COMMAND_DELETE_JOB;
+    prismd_auth a = prismd_auth_check(&j->rule, job_token(j, job), c->auth,
+                                      deleting ? PRISMD_ACCESS_DELETE : PRISMD_ACCESS_CHANGE);
+    if (a != PRISMD_AUTH_OK) {
+        *answer = prismd_auth_answer(a, deleting ? PRISMD_ACCESS_DELETE : PRISMD_ACCESS_CHANGE, job->id);
+        return a == PRISMD_AUTH_MISSING ? 401 : 403;
+    }
+    if (deleting) {
+        prism_error err;
+        char why[320];
+        snprintf(why, sizeof why, "job %s was deleted (DELETE /v1/jobs/%s)", job->id, job->id);
+        char id[sizeof job->id];
+        snprintf(id, sizeof id, "%s", job->id);
+        size_t i = 0;
+        while (j->jobs[i] != job)
+            i++;
+        if (delete_job(j, i, GRPC_STATUS_NOT_FOUND, why, &err)) {
+            *answer = error_answer("unavailable", "the store cannot delete job %s: %s", id, err.message);
+            return 503;
         }
-        bool ok = (job->token && strcmp(job->token, c->auth) == 0) || (admin && strcmp(admin, c->auth) == 0);
-        if (!ok) {
-            *answer = error_answer("permission_denied", "job %s: wrong token", job->id);
-            return 403;
-        }
+        j->counters.jobs_deleted++;
+        prism_log(PRISM_LOG_INFO, "job deleted", "job", id, LOG_END);
+        *answer = render(json_pack("{s:s, s:b}", "job_id", id, "deleted", 1));
+        return *answer ? 200 : 500;
     }
     json_error_t jerr;
     json_t *body = json_loadb(c->body, c->body_len, JSON_REJECT_DUPLICATES, &jerr);

@@ -5,6 +5,7 @@
 #ifndef PRISMD_JOBS_H
 #define PRISMD_JOBS_H
 
+#include "auth.h"
 #include "commands.h"
 #include "config.h"
 #include "prism/common.h"
@@ -47,6 +48,10 @@ typedef struct prismd_jobs_limits {
     const char *admin_token; /* accepted for every job's mutations; NULL: none */
     const char *data_dir;    /* jobs' files (telemetry) go under DATA_DIR/jobs/JOB/; NULL: none */
     prismd_hints hints;      /* sent in every Welcome */
+    bool require_read_token; /* reads need the job's or the admin token (DESIGN 6) */
+    prismd_token_box *tokens; /* provisioned job tokens, reloaded by main.c; NULL: none */
+    bool require_provisioned_tokens; /* a Hello for a job without a provisioned token is refused */
+    int64_t idle_expiry_ms;  /* a job without agents and activity this long is deleted; 0: never */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {
@@ -65,6 +70,9 @@ typedef struct prismd_jobs_counters {
     uint64_t calibrations_malformed;    /* refused whole: a bad format, value or block */
     uint64_t calibrations_foreign;      /* refused: a fingerprint not the job's registered layout's */
     uint64_t unimplemented_calls;       /* gRPC calls of methods prismd does not serve */
+    uint64_t agents_replaced;  /* Connect streams ended because a newer agent took their rank */
+    uint64_t jobs_deleted;     /* by DELETE /v1/jobs/JOB */
+    uint64_t jobs_expired;     /* by --job-idle-expiry */
 } prismd_jobs_counters;
 
 /* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the

@@ -17,6 +17,7 @@
  * lock or a listening address cannot be had, 2 for a bad option or a bad --config. */
 #define _GNU_SOURCE
 
+#include "auth.h"
 #include "config.h"
 #include "help.h"
 #include "log.h"
@@ -72,6 +73,12 @@ typedef struct prismd_options {
     bool auto_create;
     prismd_hints hints;
     char *admin_token; /* read from --admin-token-file */
+    const char *job_tokens_dir;  /* --job-tokens-dir: one file per job */
+    const char *job_tokens_file; /* --job-tokens-file: {"JOB": "TOKEN"} */
+    int64_t job_tokens_reload_ms; /* re-read the tokens this often (0: on SIGHUP only) */
+    bool require_provisioned_tokens;
+    bool require_read_token;
+    int64_t job_idle_expiry_ms;  /* 0: never */
     char *tls_cert;    /* PEM, read from --tls-cert; with tls_key: both servers use TLS */
     char *tls_key;
     const char *data_dir;
@@ -252,6 +259,75 @@ static prism_status read_pem(char **out, const char *value, const char *what, pr
     return PRISM_OK;
 }
 
+/* A duration: an integer with a unit, ms, s, m, h or d ("500ms", "7d"); "0" alone is zero. */
+static prism_status set_duration(int64_t *out, const char *value, prism_error *err)
+{
+    static const struct {
+        const char *unit;
+        int64_t ms;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {"d", 86400000}};
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(value, &end, 10);
+    bool digits = value[0] >= '0' && value[0] <= '9';
+    if (digits && !errno && *end == '\0' && x == 0) {
+        *out = 0;
+        return PRISM_OK;
+    }
+    for (size_t i = 0; digits && !errno && i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit) == 0 && x <= (unsigned long long)(INT64_MAX / units[i].ms) &&
+            x * (unsigned long long)units[i].ms <= 100ull * 365 * 86400000) {
+            *out = (int64_t)x * units[i].ms;
+            return PRISM_OK;
+        }
+    }
+    return prism_error_set(err, PRISM_ERR_INVALID,
+                           "\"%.200s\" is not a duration (an integer and ms, s, m, h or d, at most 100 years; or 0)",
+                           value);
+}
+
+static prism_status set_job_idle_expiry(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_duration(&opts->job_idle_expiry_ms, value, err);
+}
+
+static prism_status set_job_tokens_reload(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_duration(&opts->job_tokens_reload_ms, value, err);
+}
+
+static prism_status set_job_tokens_dir(prismd_options *opts, const char *value, prism_error *err)
+{
+    if (!*value)
+        return prism_error_set(err, PRISM_ERR_INVALID, "the directory name is empty");
+    opts->job_tokens_dir = value;
+    return PRISM_OK;
+}
+
+static prism_status set_job_tokens_file(prismd_options *opts, const char *value, prism_error *err)
+{
+    if (!*value)
+        return prism_error_set(err, PRISM_ERR_INVALID, "the file name is empty");
+    opts->job_tokens_file = value;
+    return PRISM_OK;
+}
+
+static prism_status set_require_provisioned_tokens(prismd_options *opts, const char *value, prism_error *err)
+{
+    (void)value;
+    (void)err;
+    opts->require_provisioned_tokens = true;
+    return PRISM_OK;
+}
+
+static prism_status set_require_read_token(prismd_options *opts, const char *value, prism_error *err)
+{
+    (void)value;
+    (void)err;
+    opts->require_read_token = true;
+    return PRISM_OK;
+}
+
 static prism_status set_tls_cert(prismd_options *opts, const char *value, prism_error *err)
 {
     return read_pem(&opts->tls_cert, value, "certificate", err);
@@ -390,8 +466,27 @@ static const prismd_option prismd_option_table[] = {
      "runtime hint: used/total device memory above which speculative prefetch stops in backward and in "
      "the optimizer phase (DESIGN 9)"},
     {"admin-token-file", 0, "FILE", NULL, set_admin_token_file,
-     "file holding the admin bearer token, accepted for every job's REST changes; without it "
-     "a job's changes need the job's token when it has one"},
+     "file holding the admin bearer token: it reads and changes every job (REST and gRPC) and alone "
+     "deletes jobs; without it a job's changes need the job's token when it has one"},
+    {"job-tokens-dir", 0, "DIR", NULL, set_job_tokens_dir,
+     "provisioned job tokens, one file per job (name: the job id, content: its token), as a Kubernetes "
+     "Secret volume mounts them (names starting with '.', such as ..data, are skipped); a provisioned "
+     "token wins over the one a job's first Hello brought"},
+    {"job-tokens-file", 0, "FILE", NULL, set_job_tokens_file,
+     "provisioned job tokens as a JSON object {\"JOB\": \"TOKEN\", ...}; with --job-tokens-dir, a job in "
+     "both must have the same token"},
+    {"job-tokens-reload", 0, "DURATION", "60s", set_job_tokens_reload,
+     "re-read --job-tokens-dir and --job-tokens-file this often (they are also re-read on SIGHUP); 0: on "
+     "SIGHUP only. A load that fails keeps the tokens in force and is logged and counted"},
+    {"require-provisioned-tokens", 0, NULL, NULL, set_require_provisioned_tokens,
+     "a Hello for a job without a provisioned token is refused as a wrong token is (PERMISSION_DENIED; "
+     "UNAUTHENTICATED without a token): no trust on first use; needs --job-tokens-dir or --job-tokens-file"},
+    {"require-read-token", 0, NULL, NULL, set_require_read_token,
+     "reads of a job (REST GETs and events, GetBlockMap, Watch) need the job's or the admin token; "
+     "/healthz, /readyz, /metrics and /v1/config/defaults stay open"},
+    {"job-idle-expiry", 0, "DURATION", "7d", set_job_idle_expiry,
+     "a job with no agent connected and no agent message for longer is deleted as DELETE does "
+     "(also counted across restarts); units ms, s, m, h, d; 0: never"},
     {"tls-cert", 0, "FILE", NULL, set_tls_cert,
      "PEM certificate (chain); with --tls-key, gRPC and HTTP both serve TLS only"},
     {"tls-key", 0, "FILE", NULL, set_tls_key, "PEM private key of --tls-cert"},
@@ -585,6 +680,9 @@ static prism_status options_parse(prismd_options *opts, int argc, char **argv, p
             return st;
         }
     }
+    if (opts->require_provisioned_tokens && !opts->job_tokens_dir && !opts->job_tokens_file)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "--require-provisioned-tokens needs --job-tokens-dir or --job-tokens-file");
     if (!opts->tls_cert != !opts->tls_key)
         return prism_error_set(err, PRISM_ERR_INVALID, "--tls-cert and --tls-key go together (got only --%s)",
                                opts->tls_cert ? "tls-cert" : "tls-key");
@@ -687,13 +785,18 @@ static void print_usage(FILE *out)
     prismd_http_print_help(out);
     fprintf(out,
             "\n"
-            "Changes need Authorization: Bearer TOKEN (the job's token, or the admin token) when the\n"
-            "job has a token or --admin-token-file is given.\n"
+            "Auth, one rule for REST and gRPC: a job's token reads and changes that job; the admin\n"
+            "token reads and changes every job and alone deletes jobs; reads need no token unless\n"
+            "--require-read-token. Changes need Authorization: Bearer TOKEN (gRPC: authorization\n"
+            "metadata) when the job has a token or --admin-token-file is given. A token that is sent\n"
+            "and opens nothing is refused (401 without a token, 403 with a wrong one; gRPC\n"
+            "UNAUTHENTICATED, PERMISSION_DENIED). A second agent for a taken rank replaces the first,\n"
+            "which ends with ABORTED.\n"
             "Files: DIR/prism.db (SQLite, WAL) and DIR/jobs/JOB/TELEMETRY_FILE (JSONL, one record per\n"
             "decision).\n"
             "Logs: logfmt lines on stderr (ts, level, msg, fields).\n"
             "Signals: SIGTERM or SIGINT ends agent streams with UNAVAILABLE, stops the server,\n"
-            "releases the lock and exits 0.\n"
+            "releases the lock and exits 0. SIGHUP re-reads the provisioned job tokens.\n"
             "Exit status: 0 stopped cleanly; 1 data dir, lock or address unavailable;\n"
             "2 bad option or bad --config.\n"
             "\n"
@@ -724,8 +827,37 @@ static prism_status load_policy_defaults(const prismd_options *opts, prism_confi
     return PRISM_OK;
 }
 
-/* Runs the server until SIGTERM or SIGINT; returns the exit status. */
-static int prismd_serve(const prismd_options *opts, const prism_config *defaults, char *defaults_json)
+/* Re-reads the provisioned job tokens into box (SIGHUP, --job-tokens-reload); a load that fails
+ * keeps the tokens in force, and is logged and counted. */
+static void reload_tokens(const prismd_options *opts, prismd_token_box *box, bool on_signal)
+{
+    prism_error err = {0};
+    prismd_tokens *t = prismd_tokens_load(opts->job_tokens_dir, opts->job_tokens_file, &err);
+    if (!t) {
+        atomic_fetch_add(&box->loads_failed, 1);
+        prism_log(PRISM_LOG_ERROR, "cannot reload the job tokens; the ones in force stay", "error", err.message,
+                  LOG_END);
+        return;
+    }
+    atomic_fetch_add(&box->loads_ok, 1);
+    char count[24];
+    snprintf(count, sizeof count, "%zu", prismd_tokens_count(t));
+    prism_log(on_signal ? PRISM_LOG_INFO : PRISM_LOG_DEBUG, "job tokens loaded", "tokens", count, "on",
+              on_signal ? "SIGHUP" : "timer", LOG_END);
+    prismd_token_box_put(box, t);
+}
+
+static int64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs the server until SIGTERM or SIGINT; returns the exit status. tokens: the provisioned job
+ * tokens (already holding the first load), or NULL when none are configured. */
+static int prismd_serve(const prismd_options *opts, const prism_config *defaults, char *defaults_json,
+                        prismd_token_box *tokens)
 {
     prismd_server srv = {.data_dir = opts->data_dir, .lock_fd = -1, .defaults_json = defaults_json};
     pthread_mutex_init(&srv.http_error_lock, NULL);
@@ -774,6 +906,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.rest.commands = &commands;
     srv.rest.data_dir = opts->data_dir;
     srv.rest.admin_token = opts->admin_token;
+    srv.rest.require_read_token = opts->require_read_token;
     daemon = prismd_http_start(&srv, &opts->http_addr, opts->tls_cert, opts->tls_key, &err);
     if (!daemon) {
         prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", err.message,
@@ -803,7 +936,11 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
                    .auto_create = opts->auto_create,
                    .admin_token = opts->admin_token,
                    .data_dir = opts->data_dir,
-                   .hints = opts->hints},
+                   .hints = opts->hints,
+                   .require_read_token = opts->require_read_token,
+                   .tokens = tokens,
+                   .require_provisioned_tokens = opts->require_provisioned_tokens,
+                   .idle_expiry_ms = opts->job_idle_expiry_ms},
         .commands = &commands,
     };
     rpc = prismd_rpc_start(&rpc_opts, defaults, &err);
@@ -820,11 +957,19 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
-    /* Every few seconds the event streams are woken for their keep-alives. */
+    sigaddset(&stop, SIGHUP);
+    /* Every few seconds the event streams are woken for their keep-alives (and the job tokens
+     * re-read when it is time). */
     int sig = -1;
+    int64_t next_reload = monotonic_ms() + opts->job_tokens_reload_ms;
     while (sig != SIGTERM && sig != SIGINT) {
         struct timespec every = {5, 0};
         sig = sigtimedwait(&stop, NULL, &every);
+        bool due = opts->job_tokens_reload_ms > 0 && monotonic_ms() >= next_reload;
+        if (tokens && (sig == SIGHUP || due)) {
+            reload_tokens(opts, tokens, sig == SIGHUP);
+            next_reload = monotonic_ms() + opts->job_tokens_reload_ms;
+        }
         prismd_events_wake(srv.events);
     }
     prism_log(PRISM_LOG_INFO, "stopping", "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT", LOG_END);
@@ -874,22 +1019,42 @@ int main(int argc, char **argv)
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* The provisioned tokens are read once here, so that a bad file is an option error. */
+    prismd_token_box tokens;
+    prismd_token_box_init(&tokens);
+    bool provisioned = opts.job_tokens_dir || opts.job_tokens_file;
+    if (provisioned) {
+        prismd_tokens *t = prismd_tokens_load(opts.job_tokens_dir, opts.job_tokens_file, &err);
+        if (!t) {
+            fprintf(stderr, "prismd: job tokens: %s\n", err.message);
+            prismd_token_box_destroy(&tokens);
+            free(opts.admin_token);
+            free(opts.tls_cert);
+            free(opts.tls_key);
+            return 2;
+        }
+        atomic_fetch_add(&tokens.loads_ok, 1);
+        prismd_token_box_put(&tokens, t);
+    }
     char *defaults_json = NULL;
     prism_config defaults;
     prism_status st = load_policy_defaults(&opts, &defaults, &defaults_json, &err);
     if (st != PRISM_OK) {
         bool config_fault = opts.config_path && st != PRISM_ERR_NOMEM;
         fprintf(stderr, "prismd: %s%s\n", config_fault ? "--config: " : "", err.message);
+        prismd_token_box_destroy(&tokens);
         return config_fault ? 2 : 1;
     }
     char pid[32];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
     prism_log(PRISM_LOG_INFO, "starting", "version", PRISM_VERSION, "pid", pid, "config",
               opts.config_path ? opts.config_path : "built-in defaults", LOG_END);
-    int status = prismd_serve(&opts, &defaults, defaults_json);
+    int status = prismd_serve(&opts, &defaults, defaults_json, provisioned ? &tokens : NULL);
+    prismd_token_box_destroy(&tokens);
     free(defaults_json);
     prism_config_free(&defaults);
     free(opts.admin_token);

@@ -4,6 +4,7 @@
 #include "rest.h"
 
 #include "http_guard.h"
+#include "auth.h"
 #include "jobs.h"
 #include "telemetry.h"
 
@@ -431,6 +432,21 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     family(&t, "prism_agent_streams_broken_total", "counter",
            "Agent streams whose read failed: a message over --max-message-bytes, or a peer that went away.");
     add(&t, "prism_agent_streams_broken_total %llu\n", (unsigned long long)snap->streams_broken);
+    family(&t, "prism_agent_streams_replaced_total", "counter",
+           "Agent streams ended with ABORTED because a newer agent connected for the same job and rank.");
+    add(&t, "prism_agent_streams_replaced_total %llu\n", (unsigned long long)snap->agents_replaced);
+    family(&t, "prism_jobs_deleted_total", "counter",
+           "Jobs deleted with their state and files: by DELETE /v1/jobs/JOB (admin), or idle past --job-idle-expiry.");
+    add(&t, "prism_jobs_deleted_total{reason=\"admin\"} %llu\n", (unsigned long long)snap->jobs_deleted);
+    add(&t, "prism_jobs_deleted_total{reason=\"idle\"} %llu\n", (unsigned long long)snap->jobs_expired);
+    family(&t, "prism_job_tokens_provisioned", "gauge",
+           "Job tokens in force from --job-tokens-dir and --job-tokens-file.");
+    add(&t, "prism_job_tokens_provisioned %llu\n", (unsigned long long)snap->tokens_provisioned);
+    family(&t, "prism_job_tokens_loads_total", "counter",
+           "Loads of the provisioned job tokens (at start, on SIGHUP, periodically), by outcome; a failed one "
+           "keeps the tokens in force.");
+    add(&t, "prism_job_tokens_loads_total{outcome=\"ok\"} %llu\n", (unsigned long long)snap->tokens_loads_ok);
+    add(&t, "prism_job_tokens_loads_total{outcome=\"error\"} %llu\n", (unsigned long long)snap->tokens_loads_failed);
     family(&t, "prism_decision_duration_seconds", "histogram", "Time of one policy decision, ingest of its step included.");
     for (int b = 0; b < PRISMD_DECISION_BUCKETS; b++)
         add(&t, "prism_decision_duration_seconds_bucket{le=\"%g\"} %llu\n", prismd_decision_buckets[b],
@@ -501,6 +517,8 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD";
     if (!job_path(path, job, sizeof job, &rest))
         return NULL;
+    if (rest[0] == '\0')
+        return "DELETE";
     if (strcmp(rest, "/blocks") == 0 || strncmp(rest, "/blocks/", 8) == 0)
         return "GET, HEAD";
     if (strcmp(rest, "/config") == 0)
@@ -584,21 +602,24 @@ bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, co
         kind = PRISMD_COMMAND_PATCH_CONFIG;
     else if (strcmp(method, "PUT") == 0 && strcmp(rest, "/overrides") == 0)
         kind = PRISMD_COMMAND_PUT_OVERRIDES;
+    else if (strcmp(method, "DELETE") == 0 && rest[0] == '\0')
+        kind = PRISMD_COMMAND_DELETE_JOB;
     else
         return false;
     /* The cheap refusals are answered here, from the snapshot, without waiting for the policy
      * thread (which checks again: the snapshot may be a moment old). */
     prismd_snapshot *snap = prismd_snapshots_get(r->snapshots);
     const prismd_snap_job *j = snap ? prismd_snapshot_find(snap, job) : NULL;
-    bool guarded = j && (j->token || r->admin_token);
-    bool ok_token = auth && ((j && j->token && strcmp(j->token, auth) == 0) ||
-                             (r->admin_token && strcmp(r->admin_token, auth) == 0));
-    if (!j)
+    prismd_access access = kind == PRISMD_COMMAND_DELETE_JOB ? PRISMD_ACCESS_DELETE : PRISMD_ACCESS_CHANGE;
+    prismd_auth_rule rule = {r->admin_token, r->require_read_token};
+    prismd_auth verdict = j ? prismd_auth_check(&rule, j->token, auth, access) : PRISMD_AUTH_OK;
+    if (!j) {
         answer_error(a, 404, "not_found", "job %.128s does not exist", job);
-    else if (guarded && !auth)
-        answer_error(a, 401, "unauthenticated", "job %s: this change needs the job's or the admin bearer token", j->id);
-    else if (guarded && !ok_token)
-        answer_error(a, 403, "permission_denied", "job %s: wrong token", j->id);
+    } else if (verdict != PRISMD_AUTH_OK) {
+        a->status = verdict == PRISMD_AUTH_MISSING ? 401 : 403;
+        a->content_type = "application/json";
+        a->body = prismd_auth_answer(verdict, access, j->id);
+    }
     prismd_snapshot_release(snap);
     if (a->body)
         return true;
@@ -609,7 +630,71 @@ bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, co
     return true;
 }
 
-bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, void *query_ctx, prismd_answer *a)
+/* The auth rule for a read of snapshot job j; false with *a holding the refusal. */
+static bool check_read(const prismd_rest *r, const prismd_snap_job *j, const char *auth, prismd_answer *a)
+{
+    prismd_auth_rule rule = {r->admin_token, r->require_read_token};
+    prismd_auth verdict = prismd_auth_check(&rule, j->token, auth, PRISMD_ACCESS_READ);
+    if (verdict == PRISMD_AUTH_OK)
+        return true;
+    a->status = verdict == PRISMD_AUTH_MISSING ? 401 : 403;
+    a->content_type = "application/json";
+    a->body = prismd_auth_answer(verdict, PRISMD_ACCESS_READ, j->id);
+    if (!a->body)
+        answer_error(a, 500, "internal", "out of memory");
+    return false;
+}
+
+bool prismd_rest_may_read(prismd_rest *r, const char *job_id, const char *auth, prismd_answer *a)
+{
+    prismd_snapshot *snap = prismd_snapshots_get(r->snapshots);
+    const prismd_snap_job *j = snap ? prismd_snapshot_find(snap, job_id) : NULL;
+    bool ok = false;
+    if (!j)
+        answer_error(a, 404, "not_found", "job %.128s does not exist", job_id);
+    else
+        ok = check_read(r, j, auth, a);
+    prismd_snapshot_release(snap);
+    return ok;
+}
+
+/* GET /v1/jobs, by the rule of auth.h: without a token every job, unless --require-read-token
+ * (401); with the admin token every job; with another token, which must open at least one job
+ * (else 403, as a wrong token anywhere), every job when reads are open and the jobs it opens
+ * when they are not. */
+static void get_jobs(prismd_rest *r, prismd_snapshot *snap, const char *auth, prismd_answer *a)
+{
+    prismd_auth_rule rule = {r->admin_token, r->require_read_token};
+    if ((!auth && !r->require_read_token) || (auth && prismd_token_equal(auth, r->admin_token))) {
+        answer_cached(a, snap, &snap->jobs_json, &snap->jobs_gzip, render_jobs, snap);
+        return;
+    }
+    if (!auth) {
+        answer_error(a, 401, "unauthenticated", "listing jobs needs a bearer token (--require-read-token)");
+        return;
+    }
+    json_t *jobs = json_array();
+    size_t opened = 0;
+    for (size_t i = 0; jobs && i < snap->njobs; i++) {
+        const prismd_snap_job *j = &snap->jobs[i];
+        if (prismd_auth_check(&rule, j->token, auth, PRISMD_ACCESS_READ) == PRISMD_AUTH_OK) {
+            json_array_append_new(jobs, job_json(j));
+            opened++;
+        }
+    }
+    if (!opened && (snap->njobs || r->admin_token)) {
+        json_decref(jobs);
+        answer_error(a, 403, "permission_denied", "wrong token (it opens no job and is not the admin token)");
+    } else if (!r->require_read_token) {
+        json_decref(jobs);
+        answer_cached(a, snap, &snap->jobs_json, &snap->jobs_gzip, render_jobs, snap);
+    } else {
+        answer_json(a, 200, json_pack("{s:o}", "jobs", jobs));
+    }
+}
+
+bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_query_fn query, void *query_ctx,
+                     prismd_answer *a)
 {
     if (!readable(path))
         return false;
@@ -623,12 +708,14 @@ bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, vo
     if (strcmp(path, "/metrics") == 0) {
         get_metrics(snap, a);
     } else if (strcmp(path, "/v1/jobs") == 0) {
-        answer_cached(a, snap, &snap->jobs_json, &snap->jobs_gzip, render_jobs, snap);
+        get_jobs(r, snap, auth, a);
     } else {
         job_path(path, job_id, sizeof job_id, &rest);
         const prismd_snap_job *j = prismd_snapshot_find(snap, job_id);
         if (!j)
             answer_error(a, 404, "not_found", "job %.128s does not exist", job_id);
+        else if (!check_read(r, j, auth, a))
+            ; /* a says why */
         else if (strcmp(rest, "/blocks") == 0)
             answer_cached(a, snap, &((prismd_snap_job *)j)->blocks_json, &((prismd_snap_job *)j)->blocks_gzip,
                           render_blocks, j);

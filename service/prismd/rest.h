@@ -13,6 +13,7 @@ typedef struct prismd_rest {
     prismd_commands *commands; /* mutations go to the policy thread through it */
     const char *data_dir;      /* for the jobs' telemetry files */
     const char *admin_token;   /* NULL: none */
+    bool require_read_token;   /* --require-read-token: reads of a job need its or the admin token */
 } prismd_rest;
 
 /* A query argument of the request, or NULL. */
@@ -28,14 +29,20 @@ typedef struct prismd_answer {
     prismd_snapshot *hold;     /* when set: body lives in this snapshot; release it once sent */
 } prismd_answer;
 
-/* Answers a GET of one of REST's paths; returns false when the path is not REST's. */
-bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, void *query_ctx, prismd_answer *a);
+/* Answers a GET of one of REST's paths; returns false when the path is not REST's. auth: the
+ * request's bearer token or NULL, checked by the rule of auth.h (/metrics needs none). */
+bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_query_fn query, void *query_ctx,
+                     prismd_answer *a);
+
+/* The auth rule for a read of job_id (the event stream): true when allowed; else *a holds the
+ * refusal (401, 403, or 404 for an unknown job). */
+bool prismd_rest_may_read(prismd_rest *r, const char *job_id, const char *auth, prismd_answer *a);
 
 /* The methods a REST path takes ("GET, HEAD", ...), or NULL when the path is not REST's. */
 const char *prismd_rest_allowed(const char *path);
 
-/* Answers PATCH /v1/jobs/{job}/config and PUT /v1/jobs/{job}/overrides; returns false for any
- * other method and path. auth: the request's bearer token or NULL. */
+/* Answers PATCH /v1/jobs/{job}/config, PUT /v1/jobs/{job}/overrides and DELETE /v1/jobs/{job};
+ * returns false for any other method and path. auth: the request's bearer token or NULL. */
 bool prismd_rest_mutate(prismd_rest *r, const char *method, const char *path, const char *auth, const char *body,
                         size_t body_len, prismd_answer *a);
 

@@ -212,6 +212,11 @@ static void call_end(prismd_stream *s, grpc_status_code code, const char *messag
         start_status(s);
 }
 
+void prismd_stream_end(prismd_stream *s, int code, const char *message)
+{
+    call_end(s, (grpc_status_code)code, message);
+}
+
 static void start_write(prismd_stream *s)
 {
     grpc_op ops[2];

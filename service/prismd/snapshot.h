@@ -27,7 +27,7 @@ typedef struct prismd_snap_job {
     size_t nblocks;
     prism_block_view *blocks;    /* ascending id */
     char **names;                /* parallel to blocks: the layout's name, or NULL */
-    char *token;                 /* the job's bearer token (never shown), or NULL */
+    char *token;                 /* the job's bearer token in force (never shown), or NULL */
     bool hints_sent;             /* runtime hints went to an agent of the job */
     uint32_t hints_h2d, hints_d2h, hints_prefetch;
     double hints_vram;
@@ -47,6 +47,8 @@ typedef struct prismd_snapshot {
     uint64_t block_records, decisions, updates_sent, store_errors, agents_refused, streams_broken;
     uint64_t reports_step_out_of_range, calibrations_accepted, calibrations_malformed, calibrations_foreign;
     uint64_t unimplemented_calls;
+    uint64_t agents_replaced, jobs_deleted, jobs_expired;        /* auth.h, jobs.c */
+    uint64_t tokens_loads_ok, tokens_loads_failed, tokens_provisioned;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */
     uint64_t decision_count;
     double decision_seconds;

@@ -41,6 +41,7 @@ static const char *const schema =
     "CREATE INDEX IF NOT EXISTS switches_by_block ON switches(job_id, block_id, step);"
     "CREATE TABLE IF NOT EXISTS calibration(fingerprint BLOB NOT NULL, format TEXT NOT NULL, block_id INTEGER NOT NULL,"
     " relative_error REAL NOT NULL, PRIMARY KEY(fingerprint, format, block_id));"
+    "CREATE TABLE IF NOT EXISTS job_activity(job_id TEXT PRIMARY KEY, last_active_ms INTEGER NOT NULL);"
     "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', '" SCHEMA_VERSION "');";
 
 static prism_status db_error(prismd_store *s, prism_error *err, const char *what)
@@ -596,4 +597,74 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
         rc = db_error(s, err, "load jobs");
     sqlite3_finalize(st);
     return rc;
+}
+
+/* ---- job deletion and activity (--job-idle-expiry) ---- */
+
+prism_status prismd_store_delete_job(prismd_store *s, const char *job_id, prism_error *err)
+{
+    static const char *const sql[] = {"DELETE FROM switches WHERE job_id = ?", "DELETE FROM job_state WHERE job_id = ?",
+                                      "DELETE FROM job_activity WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"};
+    prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
+    for (size_t i = 0; !rc && i < sizeof sql / sizeof sql[0]; i++) {
+        sqlite3_stmt *st = NULL;
+        if (sqlite3_prepare_v2(s->db, sql[i], -1, &st, NULL) != SQLITE_OK) {
+            rc = db_error(s, err, "delete job");
+            break;
+        }
+        sqlite3_bind_text(st, 1, job_id, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = db_error(s, err, "delete job");
+        sqlite3_finalize(st);
+    }
+    if (rc) {
+        prism_error keep = *err;
+        exec(s, "ROLLBACK", NULL);
+        *err = keep;
+        return rc;
+    }
+    if ((rc = exec(s, "COMMIT", err)) && !sqlite3_get_autocommit(s->db)) {
+        prism_error keep = *err;
+        exec(s, "ROLLBACK", NULL);
+        *err = keep;
+    }
+    return rc;
+}
+
+prism_status prismd_store_save_activity(prismd_store *s, const char *job_id, int64_t last_active_ms,
+                                        prism_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    prism_status rc = PRISM_OK;
+    if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO job_activity(job_id, last_active_ms) VALUES(?,?)", -1, &st,
+                           NULL) != SQLITE_OK)
+        return db_error(s, err, "save activity");
+    sqlite3_bind_text(st, 1, job_id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 2, last_active_ms);
+    if (sqlite3_step(st) != SQLITE_DONE)
+        rc = db_error(s, err, "save activity");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+long prismd_store_load_activity(prismd_store *s, void (*fn)(void *ctx, const char *job_id, int64_t last_active_ms),
+                                void *ctx, prism_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT job_id, last_active_ms FROM job_activity", -1, &st, NULL) != SQLITE_OK) {
+        db_error(s, err, "load activity");
+        return -1;
+    }
+    long n = 0;
+    int step;
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        fn(ctx, (const char *)sqlite3_column_text(st, 0), (int64_t)sqlite3_column_int64(st, 1));
+        n++;
+    }
+    if (step != SQLITE_DONE) {
+        db_error(s, err, "load activity");
+        n = -1;
+    }
+    sqlite3_finalize(st);
+    return n;
 }

@@ -65,4 +65,17 @@ typedef struct prismd_saved_job {
 prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *defaults,
                                     bool (*fn)(void *ctx, prismd_saved_job *job), void *ctx, prism_error *err);
 
+/* Removes the job, its state and its switch history in one transaction (the calibration cache,
+ * kept by model fingerprint, stays). Deleting a job that is not there is no error. */
+prism_status prismd_store_delete_job(prismd_store *s, const char *job_id, prism_error *err);
+
+/* The wall-clock time (ms since the epoch) of the job's last agent activity, for
+ * --job-idle-expiry across restarts. */
+prism_status prismd_store_save_activity(prismd_store *s, const char *job_id, int64_t last_active_ms,
+                                        prism_error *err);
+
+/* Calls fn for each saved activity time; returns how many (-1: error). */
+long prismd_store_load_activity(prismd_store *s, void (*fn)(void *ctx, const char *job_id, int64_t last_active_ms),
+                                void *ctx, prism_error *err);
+
 #endif

@@ -15,4 +15,8 @@ typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, defined 
  * pass the stream buffer (--stream-buffer-bytes) is cut off with RESOURCE_EXHAUSTED instead. */
 void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len);
 
+/* Ends a stream with a gRPC status (code, message) once what is queued on it has been sent; it
+ * takes no more messages, and what its peer sends from then on is not acted on. */
+void prismd_stream_end(prismd_stream *s, int code, const char *message);
+
 #endif
