@@ -229,26 +229,6 @@ static prismd_job *find_job(const prismd_jobs *j, const char *id)
     return NULL;
 }
 
-/* Job ids name directories under the data dir: letters, digits, '-', '_', '.', starting with
- * a letter or digit (so never "." or ".."). */
-static bool valid_job_id(const char *id)
-{
-    size_t n = strlen(id);
-    if (n == 0 || n > JOB_ID_MAX)
-        return false;
-    bool alnum0 = (id[0] >= 'a' && id[0] <= 'z') || (id[0] >= 'A' && id[0] <= 'Z') || (id[0] >= '0' && id[0] <= '9');
-    if (!alnum0)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = id[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                  c == '_' || c == '.';
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
 /* The job's token in force: its provisioned one, else the one its first Hello brought. */
 static const char *job_token(const prismd_jobs *j, const prismd_job *job)
 {
@@ -626,7 +606,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
 {
     if (peer->job)
         return fail(end, GRPC_STATUS_FAILED_PRECONDITION, "a second Hello on one stream");
-    if (!h->job_id || !valid_job_id(h->job_id))
+    if (!h->job_id || !prismd_job_id_valid(h->job_id))
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT,
                     "hello.job_id: 1 to %d characters of letters, digits, '-', '_' or '.', starting with a letter or digit",
                     JOB_ID_MAX);
