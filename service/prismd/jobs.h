@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "mem_limits.h"
 #include "prism/common.h"
 #include "snapshot.h"
 #include "store.h"
@@ -21,6 +22,7 @@ typedef struct prismd_peer {
     uint32_t rank;    /* Connect: the Hello's rank */
     bool watcher;
     char *auth;       /* the bearer token of the call's metadata, or NULL; owned by rpc.c */
+    char *address;    /* the client's address without its port ("ipv4:10.0.0.7"), or NULL; owned by rpc.c */
 } prismd_peer;
 
 /* A gRPC status code (0: OK) and its message, to end a call with. */
@@ -47,6 +49,7 @@ typedef struct prismd_jobs_limits {
     const char *admin_token; /* accepted for every job's mutations; NULL: none */
     const char *data_dir;    /* jobs' files (telemetry) go under DATA_DIR/jobs/JOB/; NULL: none */
     prismd_hints hints;      /* sent in every Welcome */
+    const prismd_memory_limits *mem; /* auto-created jobs per address, telemetry rotation; NULL: none */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {

@@ -5,6 +5,7 @@
 
 #include "jobs.h"
 #include "telemetry.h"
+#include "telemetry_files.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -263,8 +264,23 @@ static bool query_int(prismd_query_fn query, void *ctx, const char *name, unsign
     return true;
 }
 
-/* The job's telemetry records with step_id >= since_step, oldest first, at most limit. The
- * lines of the JSONL file are copied as they are. */
+/* A streamed telemetry answer: the reader and its slot among --max-streamed-answers. */
+static ssize_t telemetry_read(void *cls, char *buf, size_t max)
+{
+    return prismd_telemetry_reader_read(cls, buf, max);
+}
+
+static void telemetry_done(void *cls)
+{
+    if (prismd_telemetry_reader_truncated(cls))
+        atomic_fetch_add(&prismd_limits.telemetry_answers_truncated, 1);
+    prismd_telemetry_reader_close(cls);
+    prismd_streamed_answer_release();
+}
+
+/* The job's telemetry records with step_id >= since_step, oldest first, at most limit, read
+ * across the rotated files and streamed (telemetry_files.h): memory per answer is one chunk
+ * however large the records, and an answer stops at --telemetry-answer-bytes of records. */
 static void get_telemetry(prismd_rest *r, const prismd_snap_job *j, prismd_query_fn query, void *ctx,
                           prismd_answer *a)
 {
@@ -273,36 +289,26 @@ static void get_telemetry(prismd_rest *r, const prismd_snap_job *j, prismd_query
         !query_int(query, ctx, "limit", 100, 1, 1000, &limit, a))
         return;
     char path[4096];
-    prismd_job_file(r->data_dir, j->id, j->config.telemetry_file, path, sizeof path);
-    prism_buf out = {0};
-    bool ok = prism_buf_append(&out, "{\"job_id\":\"", 11) == PRISM_OK &&
-              prism_buf_append(&out, j->id, strlen(j->id)) == PRISM_OK &&
-              prism_buf_append(&out, "\",\"records\":[", 13) == PRISM_OK;
-    FILE *f = r->data_dir ? fopen(path, "r") : NULL;
-    char *line = NULL;
-    size_t cap = 0, count = 0;
-    ssize_t n;
-    static const char key[] = "{\"step_id\":";
-    while (ok && f && count < limit && (n = getline(&line, &cap, f)) > 0) {
-        if (strncmp(line, key, sizeof key - 1) != 0 || line[n - 1] != '\n')
-            continue; /* not a record, or one still being written */
-        if (strtoull(line + sizeof key - 1, NULL, 10) < since)
-            continue;
-        ok = (count == 0 || prism_buf_append(&out, ",", 1) == PRISM_OK) &&
-             prism_buf_append(&out, line, (size_t)n - 1) == PRISM_OK;
-        count++;
+    prismd_job_file(r->data_dir ? r->data_dir : "", j->id, j->config.telemetry_file, path, sizeof path);
+    size_t max_bytes = r->mem && r->mem->telemetry_answer_bytes ? r->mem->telemetry_answer_bytes : SIZE_MAX;
+    size_t keep = r->mem ? r->mem->telemetry_keep : 0;
+    if (!prismd_streamed_answer_acquire(r->mem)) {
+        answer_error(a, 503, "unavailable", "%zu large answers are being sent, the limit "
+                     "(--max-streamed-answers); try again", r->mem->max_streamed_answers);
+        return;
     }
-    free(line);
-    if (f)
-        fclose(f);
-    if (!ok || prism_buf_append(&out, "]}", 2) != PRISM_OK) {
-        prism_buf_free(&out);
+    prismd_telemetry_reader *reader =
+        prismd_telemetry_reader_open(r->data_dir ? path : "", r->data_dir ? keep : 0, j->id, since, limit, max_bytes);
+    if (!reader) {
+        prismd_streamed_answer_release();
         answer_error(a, 500, "internal", "out of memory");
         return;
     }
     a->status = 200;
     a->content_type = "application/json";
-    a->body = out.data;
+    a->read = telemetry_read;
+    a->done = telemetry_done;
+    a->stream_cls = reader;
 }
 
 /* ---- /metrics ---- */
@@ -346,6 +352,37 @@ static void add(text *t, const char *fmt, ...)
 static void family(text *t, const char *name, const char *type, const char *help)
 {
     add(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The limits of mem_limits.h: how often each was reached, and the gauges they bound. */
+static void limits_metrics(text *t)
+{
+    const prismd_limit_counters *c = &prismd_limits;
+    family(t, "prism_stream_buffer_bytes", "gauge", "Unsent bytes held for gRPC streams, all streams together.");
+    add(t, "prism_stream_buffer_bytes %llu\n", (unsigned long long)atomic_load(&c->stream_buffer_bytes));
+    family(t, "prism_streams_cut_off_total", "counter",
+           "gRPC streams ended with RESOURCE_EXHAUSTED for unsent data, by the limit reached.");
+    add(t, "prism_streams_cut_off_total{limit=\"stream\"} %llu\n",
+        (unsigned long long)atomic_load(&c->streams_cut_stream_buffer));
+    add(t, "prism_streams_cut_off_total{limit=\"total\"} %llu\n",
+        (unsigned long long)atomic_load(&c->streams_cut_total_buffer));
+    family(t, "prism_auto_jobs_refused_total", "counter",
+           "Hellos refused because their address already auto-created --max-auto-jobs-per-peer jobs.");
+    add(t, "prism_auto_jobs_refused_total %llu\n", (unsigned long long)atomic_load(&c->auto_jobs_refused));
+    family(t, "prism_telemetry_rotations_total", "counter", "Telemetry files rotated at --telemetry-max-bytes.");
+    add(t, "prism_telemetry_rotations_total %llu\n", (unsigned long long)atomic_load(&c->telemetry_rotations));
+    family(t, "prism_telemetry_files_dropped_total", "counter",
+           "Oldest rotated telemetry files deleted (past --telemetry-keep).");
+    add(t, "prism_telemetry_files_dropped_total %llu\n", (unsigned long long)atomic_load(&c->telemetry_files_dropped));
+    family(t, "prism_telemetry_answers_truncated_total", "counter",
+           "GET .../telemetry answers cut at --telemetry-answer-bytes.");
+    add(t, "prism_telemetry_answers_truncated_total %llu\n",
+        (unsigned long long)atomic_load(&c->telemetry_answers_truncated));
+    family(t, "prism_streamed_answers", "gauge", "HTTP answers being streamed now.");
+    add(t, "prism_streamed_answers %llu\n", (unsigned long long)atomic_load(&c->streamed_answers_active));
+    family(t, "prism_streamed_answers_refused_total", "counter",
+           "HTTP answers refused with 503 past --max-streamed-answers.");
+    add(t, "prism_streamed_answers_refused_total %llu\n", (unsigned long long)atomic_load(&c->streamed_answers_refused));
 }
 
 static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
@@ -433,6 +470,7 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     add(&t, "prism_http_request_duration_seconds_bucket{le=\"+Inf\"} %llu\n", count);
     add(&t, "prism_http_request_duration_seconds_sum %.6f\n", (double)atomic_load(&http_micros) / 1e6);
     add(&t, "prism_http_request_duration_seconds_count %llu\n", count);
+    limits_metrics(&t);
     if (t.failed) {
         free(t.data);
         answer_error(a, 500, "internal", "out of memory");

@@ -11,12 +11,14 @@
 #include "rpc.h"
 #include "stream.h"
 
+#include "mem_limits.h"
 #include "log.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -80,6 +82,8 @@ struct prismd_rpc {
     prismd_commands *commands;
     prismd_snapshots *snapshots;
     size_t stream_buffer_bytes;
+    size_t total_stream_buffer_bytes; /* 0: no cap */
+    size_t total_queued;              /* unsent bytes over every stream */
     pthread_t thread;
     atomic_bool stop;
     bool shutting_down;
@@ -103,6 +107,19 @@ static gpr_timespec in_ms(int64_t ms)
 
 /* ---- call lifetime ---- */
 
+/* The total of unsent bytes, kept with every stream's queued_bytes and shown in /metrics. */
+static void queued_add(prismd_rpc *r, size_t n)
+{
+    r->total_queued += n;
+    atomic_store(&prismd_limits.stream_buffer_bytes, r->total_queued);
+}
+
+static void queued_sub(prismd_rpc *r, size_t n)
+{
+    r->total_queued -= n;
+    atomic_store(&prismd_limits.stream_buffer_bytes, r->total_queued);
+}
+
 static void call_free(prismd_stream *s)
 {
     prismd_rpc *r = s->rpc;
@@ -118,6 +135,9 @@ static void call_free(prismd_stream *s)
         grpc_byte_buffer_destroy(m->bb);
         free(m);
     }
+    queued_sub(r, s->queued_bytes);
+    s->queued_bytes = 0;
+    free(s->peer.address);
     if (s->payload)
         grpc_byte_buffer_destroy(s->payload);
     if (s->recv)
@@ -210,31 +230,73 @@ static void start_write(prismd_stream *s)
         s->writing = true;
 }
 
+/* Cuts a stream off for unsent data: the call is cancelled at once with RESOURCE_EXHAUSTED (its
+ * write in flight would never finish) and what waits in its queue is dropped; the message in
+ * flight is freed when its batch completes. Counted by the limit that was reached. */
+static void cut_off(prismd_stream *s, bool total)
+{
+    prismd_rpc *r = s->rpc;
+    const char *why = total ? "prismd's unsent stream data is at its limit (--total-stream-buffer-bytes) and this "
+                              "stream holds the most of it: it is behind on reading"
+                            : "the stream fell too far behind on reading updates (--stream-buffer-bytes)";
+    atomic_fetch_add(total ? &prismd_limits.streams_cut_total_buffer : &prismd_limits.streams_cut_stream_buffer, 1);
+    prism_log(PRISM_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
+    s->ending = true;
+    grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
+    outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
+    for (outmsg *m = keep ? keep->next : s->head; m;) {
+        outmsg *next = m->next;
+        s->queued_bytes -= m->len;
+        queued_sub(r, m->len);
+        grpc_byte_buffer_destroy(m->bb);
+        free(m);
+        m = next;
+    }
+    s->head = s->tail = keep;
+    if (keep)
+        keep->next = NULL;
+}
+
+/* Bytes of a stream's queue that cutting it off would free now (not the message in flight). */
+static size_t droppable(const prismd_stream *s)
+{
+    return s->writing && s->head ? s->queued_bytes - s->head->len : s->queued_bytes;
+}
+
+/* Makes room for len more unsent bytes under --total-stream-buffer-bytes by cutting off the
+ * streams furthest behind (those holding the most droppable bytes), so that streams that read
+ * keep going whoever fills the buffers. False when s itself is the one to go (or no room can be
+ * made), and s is then cut off. */
+static bool make_room(prismd_stream *s, size_t len)
+{
+    prismd_rpc *r = s->rpc;
+    while (r->total_queued + len > r->total_stream_buffer_bytes) {
+        prismd_stream *worst = NULL;
+        for (prismd_stream *o = r->live; o; o = o->next)
+            if (!o->ending && !o->closed && o->queued_bytes && (!worst || droppable(o) > droppable(worst)))
+                worst = o;
+        if (!worst || worst == s || droppable(worst) <= droppable(s) + len) {
+            cut_off(s, true);
+            return false;
+        }
+        cut_off(worst, true);
+    }
+    return true;
+}
+
 void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
 {
     if (s->ending || s->closed)
         return;
-    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory: the
-     * call is cancelled at once (its write in flight would never finish) and what waits in its
-     * queue is dropped. */
-    if (s->queued_bytes + len > s->rpc->stream_buffer_bytes) {
-        static const char why[] = "the stream fell too far behind on reading updates";
-        prism_log(PRISM_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
-        s->ending = true;
-        grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
-        outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
-        for (outmsg *m = keep ? keep->next : s->head; m;) {
-            outmsg *next = m->next;
-            s->queued_bytes -= m->len;
-            grpc_byte_buffer_destroy(m->bb);
-            free(m);
-            m = next;
-        }
-        s->head = s->tail = keep;
-        if (keep)
-            keep->next = NULL;
+    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory, one
+     * stream at a time (--stream-buffer-bytes) and all together (--total-stream-buffer-bytes). */
+    prismd_rpc *r = s->rpc;
+    if (s->queued_bytes + len > r->stream_buffer_bytes) {
+        cut_off(s, false);
         return;
     }
+    if (r->total_stream_buffer_bytes && !make_room(s, len))
+        return;
     outmsg *m = malloc(sizeof *m);
     if (!m) {
         call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -251,6 +313,7 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
         s->head = m;
     s->tail = m;
     s->queued_bytes += len;
+    queued_add(r, len);
     if (!s->writing)
         start_write(s);
 }
@@ -300,6 +363,23 @@ static char *bearer_token(const grpc_metadata_array *md)
             return strndup(v + 7, vlen - 7);
     }
     return NULL;
+}
+
+/* The client's address as gRPC names it, without the port: "ipv4:127.0.0.1", "ipv6:[::1]";
+ * NULL when unknown. The caller frees it. */
+static char *peer_address(grpc_call *call)
+{
+    char *p = grpc_call_get_peer(call);
+    if (!p)
+        return NULL;
+    char *colon = strrchr(p, ':');
+    const char *close = strrchr(p, ']');
+    size_t n = strlen(p);
+    if (colon && (!close || colon > close) && strncmp(p, "unix", 4) != 0 && colon != strchr(p, ':'))
+        n = (size_t)(colon - p); /* "ipv4:1.2.3.4:5678": the port goes; "unix:/path" stays whole */
+    char *out = strndup(p, n);
+    gpr_free(p);
+    return out;
 }
 
 static void request_call(prismd_rpc *r, call_kind kind);
@@ -352,6 +432,7 @@ static void on_call_started(prismd_stream *s)
 {
     s->started = true;
     s->peer.auth = bearer_token(&s->md);
+    s->peer.address = peer_address(s->call);
     prismd_rpc *r = s->rpc;
     request_call(r, s->kind); /* the next call of this method */
     if (r->shutting_down && s->kind != CALL_GET_MAP) {
@@ -422,6 +503,7 @@ static void on_written(prismd_stream *s, bool ok)
         if (!s->head)
             s->tail = NULL;
         s->queued_bytes -= m->len;
+        queued_sub(s->rpc, m->len);
         grpc_byte_buffer_destroy(m->bb);
         free(m);
     }
@@ -546,6 +628,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
     r->commands = opts->commands;
     r->snapshots = opts->snapshots;
     r->stream_buffer_bytes = opts->stream_buffer_bytes ? opts->stream_buffer_bytes : (64u << 20);
+    r->total_stream_buffer_bytes = opts->total_stream_buffer_bytes;
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
     r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, opts->snapshots, err);
     if (!r->jobs) {
