@@ -384,18 +384,23 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_UPDATE;
     m.update = &u;
     size_t len;
+    /* One copy of each message however many streams it goes to (stream.h). */
     uint8_t *buf = pack_service(&m, &len);
-    for (size_t i = 0; buf && i < job->nagents; i++) {
-        prismd_stream_send(job->agents[i].stream, buf, len);
+    prismd_message *msg = buf ? prismd_message_create(buf, len) : NULL;
+    free(buf);
+    for (size_t i = 0; msg && i < job->nagents; i++) {
+        prismd_stream_send_message(job->agents[i].stream, msg);
         j->counters.updates_sent++;
     }
-    free(buf);
+    prismd_message_release(msg);
     if (job->nwatchers) {
         size_t ulen;
         uint8_t *ubuf = pack_update(&u, &ulen);
-        for (size_t i = 0; ubuf && i < job->nwatchers; i++)
-            prismd_stream_send(job->watchers[i], ubuf, ulen);
+        prismd_message *umsg = ubuf ? prismd_message_create(ubuf, ulen) : NULL;
         free(ubuf);
+        for (size_t i = 0; umsg && i < job->nwatchers; i++)
+            prismd_stream_send_message(job->watchers[i], umsg);
+        prismd_message_release(umsg);
     }
     map_free(&st);
 }

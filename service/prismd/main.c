@@ -345,7 +345,8 @@ static const prismd_option prismd_option_table[] = {
      "record bytes one GET .../telemetry returns at most (it always holds one whole record); a cut answer "
      "ends with \"truncated\":true and \"next_since_step\""},
     {"max-streamed-answers", 0, "N", "16", set_max_streamed_answers,
-     "telemetry answers streamed at once (each holds 128 KiB and its files open); one more gets 503"},
+     "answers streamed at once (telemetry; block maps of over 4096 blocks, each holding its snapshot); each "
+     "holds 128 KiB besides; one more gets 503"},
     {"auto-create", 0, "true|false", "true", set_auto_create,
      "a Hello for an unknown job creates it, keeping the Hello's bearer token as the job's "
      "token; false: NOT_FOUND"},

@@ -131,6 +131,125 @@ static char *render_blocks(const void *ctx)
     return text;
 }
 
+/* Block maps of more blocks than this are streamed, one block at a time, rather than rendered
+ * whole (and cached) per snapshot: rendering 100,000 blocks at once built a JSON tree of ~150 MB. */
+#define PRISMD_BLOCKS_CACHED_MAX 4096
+
+/* A streamed block map: the same document as render_blocks, written a block at a time from the
+ * snapshot it holds a reference to. */
+typedef struct blocks_stream {
+    prismd_snapshot *snap;
+    const prismd_snap_job *j;
+    size_t next;         /* the next block to render */
+    int stage;           /* 0: the job's fields, 1: blocks, 2: the telemetry summary, 3: done */
+    char *piece;         /* rendered and not yet all handed out */
+    size_t piece_len, piece_pos;
+} blocks_stream;
+
+/* The next piece of the document, malloc'd; NULL when out of memory. */
+static char *blocks_piece(blocks_stream *b)
+{
+    const prismd_snap_job *j = b->j;
+    char *piece = NULL, *text = NULL;
+    json_t *obj = NULL;
+    switch (b->stage) {
+    case 0: /* {"job_id":...,"blocks":[ */
+        obj = job_json(j);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text && asprintf(&piece, "%.*s,\"blocks\":[", (int)strlen(text) - 1, text) < 0)
+            piece = NULL;
+        b->stage = 1;
+        break;
+    case 1:
+        obj = block_json(&j->blocks[b->next], j->names ? j->names[b->next] : NULL);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text && asprintf(&piece, "%s%s", b->next ? "," : "", text) < 0)
+            piece = NULL;
+        if (++b->next == j->nblocks)
+            b->stage = 2;
+        break;
+    default: /* ],"telemetry":{...}} */
+        obj = summary_json(j);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
+        if (text && asprintf(&piece, "],\"telemetry\":%s}", text) < 0)
+            piece = NULL;
+        b->stage = 3;
+        break;
+    }
+    free(text);
+    json_decref(obj);
+    return piece;
+}
+
+static ssize_t blocks_read(void *cls, char *buf, size_t max)
+{
+    blocks_stream *b = cls;
+    size_t n = 0;
+    while (n < max) {
+        if (b->piece_pos < b->piece_len) {
+            size_t k = b->piece_len - b->piece_pos < max - n ? b->piece_len - b->piece_pos : max - n;
+            memcpy(buf + n, b->piece + b->piece_pos, k);
+            b->piece_pos += k;
+            n += k;
+            continue;
+        }
+        free(b->piece);
+        b->piece = NULL;
+        b->piece_len = b->piece_pos = 0;
+        if (b->stage == 3)
+            break;
+        if (b->stage == 1 && b->next == b->j->nblocks)
+            b->stage = 2;
+        if (!(b->piece = blocks_piece(b)))
+            return -1;
+        b->piece_len = strlen(b->piece);
+    }
+    return (ssize_t)n;
+}
+
+static void blocks_done(void *cls)
+{
+    blocks_stream *b = cls;
+    free(b->piece);
+    prismd_snapshot_release(b->snap);
+    free(b);
+    prismd_streamed_answer_release();
+}
+
+static void answer_cached(prismd_answer *a, prismd_snapshot *snap, _Atomic(char *) *slot, _Atomic(char *) *gz_slot,
+                          char *(*render)(const void *), const void *ctx);
+
+/* GET .../blocks: from the snapshot's cache for a map of up to PRISMD_BLOCKS_CACHED_MAX blocks
+ * (made once per snapshot, gzip too), streamed beyond it (plain JSON, one of
+ * --max-streamed-answers), so that memory per answer is one block's rendering. */
+static void get_blocks(prismd_rest *r, prismd_snapshot *snap, const prismd_snap_job *j, prismd_answer *a)
+{
+    prismd_snap_job *mj = (prismd_snap_job *)j;
+    if (j->nblocks <= PRISMD_BLOCKS_CACHED_MAX) {
+        answer_cached(a, snap, &mj->blocks_json, &mj->blocks_gzip, render_blocks, j);
+        return;
+    }
+    if (!prismd_streamed_answer_acquire(r->mem)) {
+        answer_error(a, 503, "unavailable", "%zu large answers are being sent, the limit "
+                     "(--max-streamed-answers); try again", r->mem->max_streamed_answers);
+        return;
+    }
+    blocks_stream *b = calloc(1, sizeof *b);
+    if (!b) {
+        prismd_streamed_answer_release();
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    atomic_fetch_add(&snap->refs, 1);
+    b->snap = snap;
+    b->j = j;
+    a->status = 200;
+    a->content_type = "application/json";
+    a->read = blocks_read;
+    a->done = blocks_done;
+    a->stream_cls = b;
+}
+
 /* gzip of text, stored as an 8-byte length then the bytes, so that it sits in a char* slot. */
 typedef struct gzip_job {
     _Atomic(char *) *plain;
@@ -587,8 +706,7 @@ bool prismd_rest_get(prismd_rest *r, const char *path, prismd_query_fn query, vo
         if (!j)
             answer_error(a, 404, "not_found", "job %.128s does not exist", job_id);
         else if (strcmp(rest, "/blocks") == 0)
-            answer_cached(a, snap, &((prismd_snap_job *)j)->blocks_json, &((prismd_snap_job *)j)->blocks_gzip,
-                          render_blocks, j);
+            get_blocks(r, snap, j, a);
         else if (strcmp(rest, "/config") == 0)
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)

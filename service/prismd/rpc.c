@@ -43,9 +43,19 @@ typedef struct call_tag {
     prismd_stream *call; /* NULL for TAG_SHUTDOWN */
 } call_tag;
 
+/* A packed message that one or more streams send (stream.h): its bytes exist once however many
+ * queues hold it, and count once in the total of unsent bytes while any queue does. */
+struct prismd_message {
+    grpc_slice slice;
+    size_t len;
+    unsigned refs;   /* the creator's, until it releases it, and one per queue entry */
+    unsigned queued; /* queue entries holding it */
+};
+
 typedef struct outmsg {
     struct outmsg *next;
-    grpc_byte_buffer *bb;
+    grpc_byte_buffer *bb;  /* refers to msg's slice, no copy */
+    prismd_message *msg;
     size_t len;
 } outmsg;
 
@@ -120,6 +130,43 @@ static void queued_sub(prismd_rpc *r, size_t n)
     atomic_store(&prismd_limits.stream_buffer_bytes, r->total_queued);
 }
 
+prismd_message *prismd_message_create(const uint8_t *data, size_t len)
+{
+    prismd_message *m = malloc(sizeof *m);
+    if (!m)
+        return NULL;
+    m->slice = grpc_slice_from_copied_buffer((const char *)data, len);
+    m->len = len;
+    m->refs = 1;
+    m->queued = 0;
+    return m;
+}
+
+static void message_unref(prismd_message *m)
+{
+    if (--m->refs == 0) {
+        grpc_slice_unref(m->slice);
+        free(m);
+    }
+}
+
+void prismd_message_release(prismd_message *m)
+{
+    if (m)
+        message_unref(m);
+}
+
+/* Frees one entry of s's queue (already unlinked), keeping the byte counts. */
+static void outmsg_free(prismd_stream *s, outmsg *e)
+{
+    s->queued_bytes -= e->len;
+    if (--e->msg->queued == 0)
+        queued_sub(s->rpc, e->len);
+    grpc_byte_buffer_destroy(e->bb);
+    message_unref(e->msg);
+    free(e);
+}
+
 static void call_free(prismd_stream *s)
 {
     prismd_rpc *r = s->rpc;
@@ -132,11 +179,8 @@ static void call_free(prismd_stream *s)
     while (s->head) {
         outmsg *m = s->head;
         s->head = m->next;
-        grpc_byte_buffer_destroy(m->bb);
-        free(m);
+        outmsg_free(s, m);
     }
-    queued_sub(r, s->queued_bytes);
-    s->queued_bytes = 0;
     free(s->peer.address);
     if (s->payload)
         grpc_byte_buffer_destroy(s->payload);
@@ -235,7 +279,6 @@ static void start_write(prismd_stream *s)
  * flight is freed when its batch completes. Counted by the limit that was reached. */
 static void cut_off(prismd_stream *s, bool total)
 {
-    prismd_rpc *r = s->rpc;
     const char *why = total ? "prismd's unsent stream data is at its limit (--total-stream-buffer-bytes) and this "
                               "stream holds the most of it: it is behind on reading"
                             : "the stream fell too far behind on reading updates (--stream-buffer-bytes)";
@@ -246,10 +289,7 @@ static void cut_off(prismd_stream *s, bool total)
     outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
     for (outmsg *m = keep ? keep->next : s->head; m;) {
         outmsg *next = m->next;
-        s->queued_bytes -= m->len;
-        queued_sub(r, m->len);
-        grpc_byte_buffer_destroy(m->bb);
-        free(m);
+        outmsg_free(s, m);
         m = next;
     }
     s->head = s->tail = keep;
@@ -263,19 +303,21 @@ static size_t droppable(const prismd_stream *s)
     return s->writing && s->head ? s->queued_bytes - s->head->len : s->queued_bytes;
 }
 
-/* Makes room for len more unsent bytes under --total-stream-buffer-bytes by cutting off the
- * streams furthest behind (those holding the most droppable bytes), so that streams that read
- * keep going whoever fills the buffers. False when s itself is the one to go (or no room can be
- * made), and s is then cut off. */
-static bool make_room(prismd_stream *s, size_t len)
+/* Makes room for msg under --total-stream-buffer-bytes (if no queue holds it yet, it adds its
+ * length) by cutting off the streams furthest behind, those holding the most droppable bytes,
+ * so that streams that read keep going whoever fills the buffers. A stall shared by several
+ * streams (watchers that all stopped reading hold the same messages) frees memory only once
+ * all of them are gone, so they go one after the other. False when s itself is the one to go
+ * (it holds at least as much as any other), and s is then cut off. */
+static bool make_room(prismd_stream *s, const prismd_message *msg)
 {
     prismd_rpc *r = s->rpc;
-    while (r->total_queued + len > r->total_stream_buffer_bytes) {
+    while (r->total_queued + (msg->queued ? 0 : msg->len) > r->total_stream_buffer_bytes) {
         prismd_stream *worst = NULL;
         for (prismd_stream *o = r->live; o; o = o->next)
-            if (!o->ending && !o->closed && o->queued_bytes && (!worst || droppable(o) > droppable(worst)))
+            if (o != s && !o->ending && !o->closed && (!worst || droppable(o) > droppable(worst)))
                 worst = o;
-        if (!worst || worst == s || droppable(worst) <= droppable(s) + len) {
+        if (!worst || droppable(worst) <= droppable(s)) {
             cut_off(s, true);
             return false;
         }
@@ -286,25 +328,39 @@ static bool make_room(prismd_stream *s, size_t len)
 
 void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
 {
+    prismd_message *msg = prismd_message_create(data, len);
+    if (!msg) {
+        call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    prismd_stream_send_message(s, msg);
+    prismd_message_release(msg);
+}
+
+void prismd_stream_send_message(prismd_stream *s, prismd_message *msg)
+{
     if (s->ending || s->closed)
         return;
     /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory, one
      * stream at a time (--stream-buffer-bytes) and all together (--total-stream-buffer-bytes). */
     prismd_rpc *r = s->rpc;
+    size_t len = msg->len;
     if (s->queued_bytes + len > r->stream_buffer_bytes) {
         cut_off(s, false);
         return;
     }
-    if (r->total_stream_buffer_bytes && !make_room(s, len))
+    if (r->total_stream_buffer_bytes && !make_room(s, msg))
         return;
     outmsg *m = malloc(sizeof *m);
     if (!m) {
         call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    grpc_slice slice = grpc_slice_from_copied_buffer((const char *)data, len);
-    m->bb = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
+    m->bb = grpc_raw_byte_buffer_create(&msg->slice, 1);
+    m->msg = msg;
+    msg->refs++;
+    if (msg->queued++ == 0)
+        queued_add(r, len);
     m->len = len;
     m->next = NULL;
     if (s->tail)
@@ -313,7 +369,6 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
         s->head = m;
     s->tail = m;
     s->queued_bytes += len;
-    queued_add(r, len);
     if (!s->writing)
         start_write(s);
 }
@@ -502,10 +557,7 @@ static void on_written(prismd_stream *s, bool ok)
         s->head = m->next;
         if (!s->head)
             s->tail = NULL;
-        s->queued_bytes -= m->len;
-        queued_sub(s->rpc, m->len);
-        grpc_byte_buffer_destroy(m->bb);
-        free(m);
+        outmsg_free(s, m);
     }
     if (!ok)
         return; /* the call is broken; RECV_CLOSE_ON_SERVER will say so */

@@ -15,4 +15,15 @@ typedef struct prismd_stream prismd_stream; /* a Connect or Watch call, defined 
  * pass the stream buffer (--stream-buffer-bytes) is cut off with RESOURCE_EXHAUSTED instead. */
 void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len);
 
+/* A packed message to queue on several streams (a map update to every agent and watcher of a
+ * job): its bytes are held once, however many streams queue it, and count once against
+ * --total-stream-buffer-bytes. Create copies data; release drops the creator's reference (the
+ * queues keep theirs). NULL when out of memory. */
+typedef struct prismd_message prismd_message;
+prismd_message *prismd_message_create(const uint8_t *data, size_t len);
+void prismd_message_release(prismd_message *m);
+
+/* prismd_stream_send of a shared message. */
+void prismd_stream_send_message(prismd_stream *s, prismd_message *m);
+
 #endif
