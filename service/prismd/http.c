@@ -384,8 +384,10 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         if (!resp)
             prismd_snapshot_release(reply.hold);
     } else {
-        resp = MHD_create_response_from_buffer(body_len, reply.body, MHD_RESPMEM_MUST_COPY);
-        free(reply.body);
+        /* Handed over, not copied: a large answer (/metrics of many blocks) is held once. */
+        resp = MHD_create_response_from_buffer_with_free_callback(body_len, reply.body, free);
+        if (!resp)
+            free(reply.body);
     }
     if (!resp)
         return MHD_NO;

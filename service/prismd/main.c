@@ -327,7 +327,8 @@ static const prismd_option prismd_option_table[] = {
      "with RESOURCE_EXHAUSTED"},
     {"max-jobs", 0, "N", "1000", set_max_jobs, "jobs this prismd holds at most; a Hello for one more is refused"},
     {"max-blocks", 0, "N", "100000", set_max_blocks,
-     "distinct block ids per job at most; a report or layout with more is refused"},
+     "distinct block ids per job at most; a report or layout with more is refused (a block costs ~800 bytes "
+     "of memory with its statistics and ~140 bytes per telemetry record: 100,000 blocks ~80 MB, 14 MB a decision)"},
     /* What one client may make prismd hold (memory, disk): issue 12 item 5, mem_limits.h. */
     {"total-stream-buffer-bytes", 0, "N", "268435456", set_total_stream_buffer_bytes,
      "unsent bytes all gRPC streams together may hold (0: no cap); the stream whose update would pass it is "

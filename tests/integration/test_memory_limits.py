@@ -145,6 +145,7 @@ class MemoryLimitsTest(unittest.TestCase):
             for step in range(40):
                 head = '{"step_id":%d,"pad":"' % step
                 f.write(head + "x" * (record_len - len(head) - 2) + '"}\n')
+            f.write('{"step_id":40,"pad":"a record still being written')  # no newline yet: skipped
         status, body = p.http("/v1/jobs/job-t/telemetry?limit=1")  # warm-up: threads, first answer
         self.assertEqual((status, len(json.loads(body)["records"])), (200, 1))
         before = self.peak_kib()
@@ -172,6 +173,8 @@ class MemoryLimitsTest(unittest.TestCase):
             self.assertEqual((status, len(doc["records"]), doc["truncated"], doc["next_since_step"]),
                              (200, 16, True, 16))
             self.assertEqual([r["step_id"] for r in doc["records"]], list(range(16)))
+        doc = json.loads(p.http("/v1/jobs/job-t/telemetry?since_step=38")[1])
+        self.assertEqual(([r["step_id"] for r in doc["records"]], "truncated" in doc), ([38, 39], False))
         self.assertEqual(metric(p, "prism_telemetry_answers_truncated_total"), 4)
 
         # Four answers whose clients do not read hold the four slots; a fifth is refused at once.
