@@ -331,9 +331,9 @@ static const prismd_option prismd_option_table[] = {
      "of memory with its statistics and ~140 bytes per telemetry record: 100,000 blocks ~80 MB, 14 MB a decision)"},
     /* What one client may make prismd hold (memory, disk): issue 12 item 5, mem_limits.h. */
     {"total-stream-buffer-bytes", 0, "N", "268435456", set_total_stream_buffer_bytes,
-     "unsent bytes all gRPC streams together may hold (0: no cap); the stream whose update would pass it is "
-     "cut off with RESOURCE_EXHAUSTED (4 streams at --stream-buffer-bytes; a stream that reads holds about one "
-     "update)"},
+     "unsent bytes all gRPC calls together may hold (stream queues, GetBlockMap answers not taken; 0: no cap); "
+     "past it the call holding the most is cut off with RESOURCE_EXHAUSTED (4 streams at --stream-buffer-bytes; "
+     "a stream that reads holds about one update, shared by all streams of a job)"},
     {"max-auto-jobs-per-peer", 0, "N", "16", set_max_auto_jobs_per_peer,
      "jobs one client address (port aside) may auto-create among those held (0: no limit); one more is "
      "refused with RESOURCE_EXHAUSTED"},

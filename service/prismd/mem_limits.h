@@ -13,7 +13,7 @@
 typedef struct prismd_memory_limits {
     size_t telemetry_answer_bytes;    /* GET .../telemetry: record bytes one answer returns at most */
     size_t max_streamed_answers;      /* answers streamed from files or large maps at once */
-    size_t total_stream_buffer_bytes; /* unsent gRPC stream bytes over all streams */
+    size_t total_stream_buffer_bytes; /* unsent gRPC bytes over all calls (queues, GetBlockMap answers) */
     size_t max_auto_jobs_per_peer;    /* jobs a client address may auto-create (0: no limit) */
     size_t telemetry_max_bytes;       /* a job's telemetry file is rotated past this (0: never) */
     size_t telemetry_keep;            /* rotated telemetry files kept per job */

@@ -477,7 +477,8 @@ static void family(text *t, const char *name, const char *type, const char *help
 static void limits_metrics(text *t)
 {
     const prismd_limit_counters *c = &prismd_limits;
-    family(t, "prism_stream_buffer_bytes", "gauge", "Unsent bytes held for gRPC streams, all streams together.");
+    family(t, "prism_stream_buffer_bytes", "gauge",
+           "Unsent bytes held for gRPC calls (stream queues, GetBlockMap answers).");
     add(t, "prism_stream_buffer_bytes %llu\n", (unsigned long long)atomic_load(&c->stream_buffer_bytes));
     family(t, "prism_streams_cut_off_total", "counter",
            "gRPC streams ended with RESOURCE_EXHAUSTED for unsent data, by the limit reached.");
@@ -492,7 +493,8 @@ static void limits_metrics(text *t)
     add(t, "prism_telemetry_rotations_total %llu\n", (unsigned long long)atomic_load(&c->telemetry_rotations));
     family(t, "prism_telemetry_files_dropped_total", "counter",
            "Oldest rotated telemetry files deleted (past --telemetry-keep).");
-    add(t, "prism_telemetry_files_dropped_total %llu\n", (unsigned long long)atomic_load(&c->telemetry_files_dropped));
+    add(t, "prism_telemetry_files_dropped_total %llu\n",
+        (unsigned long long)atomic_load(&c->telemetry_files_dropped));
     family(t, "prism_telemetry_answers_truncated_total", "counter",
            "GET .../telemetry answers cut at --telemetry-answer-bytes.");
     add(t, "prism_telemetry_answers_truncated_total %llu\n",
@@ -501,7 +503,8 @@ static void limits_metrics(text *t)
     add(t, "prism_streamed_answers %llu\n", (unsigned long long)atomic_load(&c->streamed_answers_active));
     family(t, "prism_streamed_answers_refused_total", "counter",
            "HTTP answers refused with 503 past --max-streamed-answers.");
-    add(t, "prism_streamed_answers_refused_total %llu\n", (unsigned long long)atomic_load(&c->streamed_answers_refused));
+    add(t, "prism_streamed_answers_refused_total %llu\n",
+        (unsigned long long)atomic_load(&c->streamed_answers_refused));
 }
 
 static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)

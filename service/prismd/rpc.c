@@ -80,6 +80,7 @@ struct prismd_stream {
     bool has_details;
     outmsg *head, *tail;
     size_t queued_bytes;
+    size_t reply_bytes;        /* GetBlockMap: its answer, in gRPC's hands until the call is over */
     prismd_peer peer;
     prismd_stream *prev, *next; /* every call of the server, for shutdown */
 };
@@ -181,6 +182,7 @@ static void call_free(prismd_stream *s)
         s->head = m->next;
         outmsg_free(s, m);
     }
+    queued_sub(r, s->reply_bytes);
     free(s->peer.address);
     if (s->payload)
         grpc_byte_buffer_destroy(s->payload);
@@ -286,6 +288,8 @@ static void cut_off(prismd_stream *s, bool total)
     prism_log(PRISM_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
     s->ending = true;
     grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
+    queued_sub(s->rpc, s->reply_bytes); /* a GetBlockMap answer: gRPC drops it with the call */
+    s->reply_bytes = 0;
     outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
     for (outmsg *m = keep ? keep->next : s->head; m;) {
         outmsg *next = m->next;
@@ -300,27 +304,36 @@ static void cut_off(prismd_stream *s, bool total)
 /* Bytes of a stream's queue that cutting it off would free now (not the message in flight). */
 static size_t droppable(const prismd_stream *s)
 {
+    if (s->kind == CALL_GET_MAP)
+        return s->reply_bytes; /* cancelling the call frees its answer */
     return s->writing && s->head ? s->queued_bytes - s->head->len : s->queued_bytes;
 }
 
-/* Makes room for msg under --total-stream-buffer-bytes (if no queue holds it yet, it adds its
- * length) by cutting off the streams furthest behind, those holding the most droppable bytes,
- * so that streams that read keep going whoever fills the buffers. A stall shared by several
- * streams (watchers that all stopped reading hold the same messages) frees memory only once
- * all of them are gone, so they go one after the other. False when s itself is the one to go
- * (it holds at least as much as any other), and s is then cut off. */
-static bool make_room(prismd_stream *s, const prismd_message *msg)
+/* Whether cutting o off would free anything: a stream still going, or a GetBlockMap call whose
+ * answer its client has not taken. */
+static bool cuttable(const prismd_stream *o)
+{
+    if (o->closed)
+        return false;
+    return o->kind == CALL_GET_MAP ? o->reply_bytes > 0 : !o->ending;
+}
+
+/* Makes room for need more unsent bytes under --total-stream-buffer-bytes by cutting off the
+ * calls furthest behind, those holding the most droppable bytes (a stream's queue, a
+ * GetBlockMap answer not taken), so that clients that read keep going whoever fills the
+ * buffers. A stall shared by several streams (watchers that all stopped reading hold the same
+ * messages) frees memory only once all of them are gone, so they go one after the other.
+ * False when s itself should go: it holds at least as much as any other. */
+static bool make_room(prismd_stream *s, size_t need)
 {
     prismd_rpc *r = s->rpc;
-    while (r->total_queued + (msg->queued ? 0 : msg->len) > r->total_stream_buffer_bytes) {
+    while (r->total_queued + need > r->total_stream_buffer_bytes) {
         prismd_stream *worst = NULL;
         for (prismd_stream *o = r->live; o; o = o->next)
-            if (o != s && !o->ending && !o->closed && (!worst || droppable(o) > droppable(worst)))
+            if (o != s && cuttable(o) && (!worst || droppable(o) > droppable(worst)))
                 worst = o;
-        if (!worst || droppable(worst) <= droppable(s)) {
-            cut_off(s, true);
+        if (!worst || droppable(worst) <= droppable(s))
             return false;
-        }
         cut_off(worst, true);
     }
     return true;
@@ -349,8 +362,10 @@ void prismd_stream_send_message(prismd_stream *s, prismd_message *msg)
         cut_off(s, false);
         return;
     }
-    if (r->total_stream_buffer_bytes && !make_room(s, msg))
+    if (r->total_stream_buffer_bytes && !make_room(s, msg->queued ? 0 : len)) {
+        cut_off(s, true);
         return;
+    }
     outmsg *m = malloc(sizeof *m);
     if (!m) {
         call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -460,6 +475,19 @@ static void on_get_block_map(prismd_stream *s)
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    prismd_rpc *r = s->rpc;
+    if (ok && r->total_stream_buffer_bytes && !make_room(s, out_len)) {
+        /* The answer would pass the total of unsent bytes, and no call is further behind. */
+        atomic_fetch_add(&prismd_limits.streams_cut_total_buffer, 1);
+        ok = false;
+        end.code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(end.message, sizeof end.message,
+                 "prismd's unsent answers are at their limit (--total-stream-buffer-bytes); try again");
+    }
+    if (ok) {
+        s->reply_bytes = out_len;
+        queued_add(r, out_len);
+    }
     grpc_byte_buffer *bb = NULL;
     if (ok) {
         grpc_slice slice = grpc_slice_from_copied_buffer((const char *)out, out_len);

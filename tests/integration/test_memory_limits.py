@@ -10,6 +10,7 @@ Every bound below is stated with why it is that number. The sizes are smaller th
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -49,6 +50,70 @@ def metric(prismd, line_start):
         if line.startswith(line_start + " "):
             return float(line.split()[-1])
     raise AssertionError("no metric %s in /metrics" % line_start)
+
+
+def h2_frame(kind, flags, stream, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def hpack_literal(name, value):
+    """A header as an HPACK literal without indexing, plain strings (RFC 7541 6.2.2)."""
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+class StalledHttp2Client:
+    """A gRPC client that never takes an answer: raw HTTP/2 that announces a stream window of 0
+    (SETTINGS_INITIAL_WINDOW_SIZE), so prismd may send it headers and statuses but not a byte of a
+    message. grpcio cannot play it: it always reads what a call answers. Counts the calls that
+    ended (trailers or RST_STREAM)."""
+
+    def __init__(self, addr):
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=test_grpc.WAIT_S)
+        self.lock = threading.Lock()
+        self.ended = set()
+        self.next_id = 1
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, struct.pack(">HI", 4, 0)))
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        buf = b""
+        try:
+            for _ in range(1000000):
+                data = self.sock.recv(65536)
+                if not data:
+                    return
+                buf += data
+                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                    n, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                    stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                    payload, buf = buf[9:9 + n], buf[9 + n:]
+                    with self.lock:
+                        if kind == 4 and not flags & 1:  # SETTINGS: acknowledge
+                            self.sock.sendall(h2_frame(4, 1, 0))
+                        elif kind == 6 and not flags & 1:  # PING: answer
+                            self.sock.sendall(h2_frame(6, 1, 0, payload))
+                        elif (kind == 1 and flags & 1) or kind == 3:  # trailers, RST_STREAM
+                            self.ended.add(stream)
+        except OSError:
+            return
+
+    def call(self, path, message):
+        with self.lock:
+            stream, self.next_id = self.next_id, self.next_id + 2
+            headers = (hpack_literal(b":method", b"POST") + hpack_literal(b":scheme", b"http") +
+                       hpack_literal(b":path", path) + hpack_literal(b":authority", b"prismd") +
+                       hpack_literal(b"content-type", b"application/grpc") + hpack_literal(b"te", b"trailers"))
+            body = b"\x00" + struct.pack(">I", len(message)) + message
+            self.sock.sendall(h2_frame(1, 4, stream, headers) + h2_frame(0, 1, stream, body))
+
+    def ended_count(self):
+        with self.lock:
+            return len(self.ended)
+
+    def close(self):
+        self.sock.close()
 
 
 class MemoryLimitsTest(unittest.TestCase):
@@ -248,6 +313,38 @@ class MemoryLimitsTest(unittest.TestCase):
             for ch, call in watchers:
                 call.cancel()
                 ch.close()
+            a.close()
+
+    def test_get_block_map_answers_not_taken_count_in_the_total_cap(self):
+        # 80 GetBlockMap calls of a 20,000-block map (~343 KB each) from a client that takes no
+        # answer; total cap 2 MiB here (default 256 MiB).
+        cap = 2 * MIB
+        p = self.start("--total-stream-buffer-bytes", str(cap))
+        a, _ = self.flipping_job("job-g", 20000)
+        size = test_grpc.block_map(p, "job-g").ByteSize()  # a client that reads gets it whole
+        held = cap // size  # answers that fit under the cap
+        client = StalledHttp2Client(p.grpc_addr)
+        try:
+            before = self.peak_kib()
+            request = pb.BlockMapRequest(job_id="job-g").SerializeToString()
+            for _ in range(80):
+                client.call(b"/prism.v1.PolicyService/GetBlockMap", request)
+            # Each call past the cap cuts off the oldest answer not taken (it holds as much as
+            # any): the last `held` answers wait, the others ended with RESOURCE_EXHAUSTED.
+            wait_for("the answers past the cap to be cut off",
+                     lambda: metric(p, 'prism_streams_cut_off_total{limit="total"}') == 80 - held)
+            grown_kib = self.peak_kib() - before
+            print("\n  prismd VmHWM grew by %d KiB" % grown_kib, file=sys.stderr)
+            # Bound: 14 MiB: the 2 MiB cap, one map being built and packed (~4 MB for 20,000
+            # blocks) and the sanitizer's 4 MiB quarantine that 80 packed maps churn through
+            # (measured: 3.5 MiB in a release build, 8 MiB under the sanitizers). Without the cap
+            # every answer stayed in gRPC's hands: 80 x 343 KB, 27 MB more.
+            self.assertLess(grown_kib, 14 * 1024, "prismd's peak grew by %d KiB" % grown_kib)
+            self.assertTrue(held * size <= metric(p, "prism_stream_buffer_bytes") <= cap)
+            wait_for("the client to see them end", lambda: client.ended_count() == 80 - held)
+            self.assertEqual(test_grpc.block_map(p, "job-g").ByteSize(), size)  # others are served
+        finally:
+            client.close()
             a.close()
 
     # ---- jobs auto-created per client address -------------------------------------------------------

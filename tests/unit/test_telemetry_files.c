@@ -80,7 +80,8 @@ static void test_reader_reads_rotated_files_oldest_first(void)
     free(all);
     /* keep 1: PATH.2 is not read. */
     all = answer(1, 0, 1000, SIZE_MAX, 65536);
-    CU_ASSERT_STRING_EQUAL(all, "{\"job_id\":\"job-a\",\"records\":[{\"step_id\":6},{\"step_id\":8},{\"step_id\":10}]}");
+    CU_ASSERT_STRING_EQUAL(all,
+                           "{\"job_id\":\"job-a\",\"records\":[{\"step_id\":6},{\"step_id\":8},{\"step_id\":10}]}");
     free(all);
 }
 
@@ -131,7 +132,8 @@ static void test_reader_stops_at_max_bytes_and_says_where_to_go_on(void)
     free(text);
     /* The limit reached first is not a truncation. */
     text = answer(0, 0, 2, 40, 65536);
-    CU_ASSERT_STRING_EQUAL(text, "{\"job_id\":\"job-a\",\"records\":[{\"step_id\":1,\"a\":1},{\"step_id\":2,\"a\":2}]}");
+    CU_ASSERT_STRING_EQUAL(text,
+                           "{\"job_id\":\"job-a\",\"records\":[{\"step_id\":1,\"a\":1},{\"step_id\":2,\"a\":2}]}");
     free(text);
 }
 
@@ -198,7 +200,8 @@ static void test_a_rotation_while_reading_neither_loses_nor_repeats_a_file(void)
     free(text);
     prismd_telemetry_reader_close(r);
     text = answer(2, 0, 1000, SIZE_MAX, 65536);
-    CU_ASSERT_STRING_EQUAL(text, "{\"job_id\":\"job-a\",\"records\":[{\"step_id\":1},{\"step_id\":2},{\"step_id\":3}]}");
+    CU_ASSERT_STRING_EQUAL(text,
+                           "{\"job_id\":\"job-a\",\"records\":[{\"step_id\":1},{\"step_id\":2},{\"step_id\":3}]}");
     free(text);
 }
 
