@@ -507,6 +507,75 @@ static void limits_metrics(text *t)
         (unsigned long long)atomic_load(&c->streamed_answers_refused));
 }
 
+/* The per-block family of /metrics: one sample per scored block of every job. */
+static const char block_family_head[] =
+    "# HELP prism_block_sensitivity Sensitivity score s of each scored block at the last decision.\n"
+    "# TYPE prism_block_sensitivity gauge\n";
+
+/* The sample of block b of job j into out; false when the block has no score (or out is short). */
+static bool block_sample(char *out, size_t len, const prismd_snap_job *j, size_t b)
+{
+    if (!j->blocks[b].has_score)
+        return false;
+    int n = snprintf(out, len, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", j->id, j->blocks[b].id,
+                     j->blocks[b].sensitivity);
+    return n > 0 && (size_t)n < len;
+}
+
+/* /metrics when the jobs hold more than PRISMD_BLOCKS_CACHED_MAX blocks: every other family
+ * made whole (their size does not grow with blocks), then the per-block samples written a line
+ * at a time from the snapshot the answer holds, so that an answer of millions of samples holds
+ * one line of them. Not one of --max-streamed-answers: monitoring is never refused. */
+typedef struct metrics_stream {
+    prismd_snapshot *snap;
+    char *head;                 /* the other families */
+    size_t head_len, head_pos;
+    const char *pending;        /* text due before the next sample */
+    size_t pending_len, pending_pos;
+    size_t job, block;          /* the next sample to look at */
+    char line[256];
+} metrics_stream;
+
+static ssize_t metrics_read(void *cls, char *buf, size_t max)
+{
+    metrics_stream *m = cls;
+    size_t n = 0;
+    while (n < max) {
+        if (m->head_pos < m->head_len) {
+            size_t k = m->head_len - m->head_pos < max - n ? m->head_len - m->head_pos : max - n;
+            memcpy(buf + n, m->head + m->head_pos, k);
+            m->head_pos += k;
+            n += k;
+        } else if (m->pending_pos < m->pending_len) {
+            size_t k = m->pending_len - m->pending_pos < max - n ? m->pending_len - m->pending_pos : max - n;
+            memcpy(buf + n, m->pending + m->pending_pos, k);
+            m->pending_pos += k;
+            n += k;
+        } else if (m->job < m->snap->njobs) {
+            const prismd_snap_job *j = &m->snap->jobs[m->job];
+            if (m->block >= j->nblocks) {
+                m->job++;
+                m->block = 0;
+            } else if (block_sample(m->line, sizeof m->line, j, m->block++)) {
+                m->pending = m->line;
+                m->pending_len = strlen(m->line);
+                m->pending_pos = 0;
+            }
+        } else {
+            break;
+        }
+    }
+    return (ssize_t)n;
+}
+
+static void metrics_done(void *cls)
+{
+    metrics_stream *m = cls;
+    prismd_snapshot_release(m->snap);
+    free(m->head);
+    free(m);
+}
+
 static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
 {
     text t = {0};
@@ -532,12 +601,19 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
         for (int r = 1; r < PRISMD_REASONS; r++)
             add(&t, "prism_precision_switches_total{job=\"%s\",reason=\"%s\"} %llu\n", snap->jobs[i].id,
                 prism_reason_name((prism_reason)r), (unsigned long long)snap->jobs[i].switches[r]);
-    family(&t, "prism_block_sensitivity", "gauge", "Sensitivity score s of each scored block at the last decision.");
+    size_t all_blocks = 0;
     for (size_t i = 0; i < snap->njobs; i++)
-        for (size_t b = 0; b < snap->jobs[i].nblocks; b++)
-            if (snap->jobs[i].blocks[b].has_score)
-                add(&t, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", snap->jobs[i].id,
-                    snap->jobs[i].blocks[b].id, snap->jobs[i].blocks[b].sensitivity);
+        all_blocks += snap->jobs[i].nblocks;
+    bool stream_blocks = all_blocks > PRISMD_BLOCKS_CACHED_MAX; /* the per-block family goes last, streamed */
+    if (!stream_blocks) {
+        add(&t, "%s", block_family_head);
+        for (size_t i = 0; i < snap->njobs; i++)
+            for (size_t b = 0; b < snap->jobs[i].nblocks; b++) {
+                char line[256];
+                if (block_sample(line, sizeof line, &snap->jobs[i], b))
+                    add(&t, "%s", line);
+            }
+    }
     family(&t, "prism_bandwidth_saving_percent", "gauge",
            "Estimated transfer bandwidth saved by low-precision blocks at the last decision.");
     for (size_t i = 0; i < snap->njobs; i++)
@@ -600,7 +676,25 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     }
     a->status = 200;
     a->content_type = "text/plain; version=0.0.4; charset=utf-8";
-    a->body = t.data;
+    if (!stream_blocks) {
+        a->body = t.data;
+        return;
+    }
+    metrics_stream *m = calloc(1, sizeof *m);
+    if (!m) {
+        free(t.data);
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    atomic_fetch_add(&((prismd_snapshot *)snap)->refs, 1);
+    m->snap = (prismd_snapshot *)snap;
+    m->head = t.data;
+    m->head_len = t.len;
+    m->pending = block_family_head;
+    m->pending_len = strlen(block_family_head);
+    a->read = metrics_read;
+    a->done = metrics_done;
+    a->stream_cls = m;
 }
 
 /* ---- routing ---- */
