@@ -41,6 +41,7 @@ typedef struct prismd_reply {
     prismd_snapshot *hold;    /* released once libmicrohttpd is done with body */
     size_t body_len;          /* 0: strlen(body) */
     bool gzip;                /* body is gzip-compressed */
+    const prismd_answer *stream; /* a streamed answer of REST (body NULL), or NULL */
 } prismd_reply;
 
 typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
@@ -318,6 +319,46 @@ static void release_snapshot(void *snapshot)
     prismd_snapshot_release(snapshot);
 }
 
+/* A REST answer streamed in chunks of STREAM_CHUNK bytes (rest.h's read and done). */
+#define STREAM_CHUNK (64u * 1024u)
+
+typedef struct streamed {
+    ssize_t (*read)(void *cls, char *buf, size_t max);
+    void (*done)(void *cls);
+    void *cls;
+} streamed;
+
+static ssize_t streamed_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    const streamed *st = cls;
+    ssize_t n = st->read(st->cls, buf, max);
+    return n > 0 ? n : n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void streamed_free(void *cls)
+{
+    streamed *st = cls;
+    st->done(st->cls);
+    free(st);
+}
+
+/* The response of a streamed answer; its done is called once whatever happens. */
+static struct MHD_Response *streamed_response(const prismd_answer *a)
+{
+    streamed *st = malloc(sizeof *st);
+    if (!st) {
+        a->done(a->stream_cls);
+        return NULL;
+    }
+    *st = (streamed){a->read, a->done, a->stream_cls};
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_CHUNK, streamed_read, st, streamed_free);
+    if (!resp)
+        streamed_free(st);
+    return resp;
+}
+
 static const char *query_arg(void *ctx, const char *name)
 {
     return MHD_lookup_connection_value(ctx, MHD_GET_ARGUMENT_KIND, name);
@@ -344,20 +385,24 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, const char *metho
         prism_log(PRISM_LOG_DEBUG, "request", "method", method, "path", url, "status", status,
                   "client", client, LOG_END);
     }
-    if (!reply->body) {
+    if (!reply->body && !reply->stream) {
         prism_log(PRISM_LOG_ERROR, "cannot build response: out of memory", "path", url, LOG_END);
         return MHD_NO;
     }
     struct MHD_Response *resp;
-    size_t body_len = reply->body_len ? reply->body_len : strlen(reply->body);
-    if (reply->hold) {
+    size_t body_len = reply->body ? (reply->body_len ? reply->body_len : strlen(reply->body)) : 0;
+    if (reply->stream) {
+        resp = streamed_response(reply->stream);
+    } else if (reply->hold) {
         resp = MHD_create_response_from_buffer_with_free_callback_cls(body_len, reply->body, release_snapshot,
                                                                       reply->hold);
         if (!resp)
             prismd_snapshot_release(reply->hold);
     } else {
-        resp = MHD_create_response_from_buffer(body_len, reply->body, MHD_RESPMEM_MUST_COPY);
-        free(reply->body);
+        /* Handed over, not copied: a large answer (/metrics of many blocks) is held once. */
+        resp = MHD_create_response_from_buffer_with_free_callback(body_len, reply->body, free);
+        if (!resp)
+            free(reply->body);
     }
     reply->body = NULL;
     if (!resp)
@@ -536,12 +581,12 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         route->get(srv, &reply);
     } else if (!route && readable && prismd_rest_get(&srv->rest, url, bearer(conn), query_arg, conn, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
-                               answer.gzip};
+                               answer.gzip, answer.read ? &answer : NULL};
     } else if (!route && (with_body || strcmp(method, MHD_HTTP_METHOD_DELETE) == 0) &&
                prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body && body->data ? body->data : "",
                                   body ? body->len : 0, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
-                               answer.gzip};
+                               answer.gzip, NULL};
     } else {
         reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
                     "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);

@@ -10,6 +10,7 @@
 #include "merge.h"
 #include "policy.h"
 #include "telemetry.h"
+#include "telemetry_files.h"
 #include "prism/v1/prism.pb-c.h"
 #include "wire_check.h"
 
@@ -68,6 +69,8 @@ struct prismd_job {
     uint64_t hints_map_version;
     FILE *telemetry;        /* the job's telemetry JSONL, opened at its first record */
     char telemetry_name[256]; /* the telemetry_file it was opened as */
+    uint64_t telemetry_size;  /* bytes in it, for --telemetry-max-bytes */
+    char *creator;          /* the address that auto-created the job, or NULL (restored, provisioned) */
     uint64_t switches[PRISMD_REASONS];
     bool has_summary;
     prism_summary summary;  /* of the last decision */
@@ -197,6 +200,7 @@ static void job_free(prismd_job *job)
     prism_policy_destroy(job->policy);
     prism_merger_destroy(job->merger);
     free(job->token);
+    free(job->creator);
     free(job->agents);
     free(job->watchers);
     free(job->acks);
@@ -431,18 +435,23 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_UPDATE;
     m.update = &u;
     size_t len;
+    /* One copy of each message however many streams it goes to (stream.h). */
     uint8_t *buf = pack_service(&m, &len);
-    for (size_t i = 0; buf && i < job->nagents; i++) {
-        prismd_stream_send(job->agents[i].stream, buf, len);
+    prismd_message *msg = buf ? prismd_message_create(buf, len) : NULL;
+    free(buf);
+    for (size_t i = 0; msg && i < job->nagents; i++) {
+        prismd_stream_send_message(job->agents[i].stream, msg);
         j->counters.updates_sent++;
     }
-    free(buf);
+    prismd_message_release(msg);
     if (job->nwatchers) {
         size_t ulen;
         uint8_t *ubuf = pack_update(&u, &ulen);
-        for (size_t i = 0; ubuf && i < job->nwatchers; i++)
-            prismd_stream_send(job->watchers[i].stream, ubuf, ulen);
+        prismd_message *umsg = ubuf ? prismd_message_create(ubuf, ulen) : NULL;
         free(ubuf);
+        for (size_t i = 0; umsg && i < job->nwatchers; i++)
+            prismd_stream_send_message(job->watchers[i].stream, umsg);
+        prismd_message_release(umsg);
     }
     map_free(&st);
 }
@@ -601,6 +610,26 @@ static bool remember_layout_block(prismd_job *job, uint32_t id, const char *name
     return true;
 }
 
+/* Whether address may auto-create one more job: each client address (gRPC's peer, its port left
+ * out) may have created --max-auto-jobs-per-peer of the jobs held; past it the Hello is refused
+ * with RESOURCE_EXHAUSTED and counted. Jobs restored from the store have no creator. */
+static bool auto_job_allowed(prismd_jobs *j, const char *job_id, const char *address, prismd_status *end)
+{
+    const prismd_memory_limits *m = j->limits.mem;
+    if (!m || !m->max_auto_jobs_per_peer || !address)
+        return true;
+    size_t mine = 0;
+    for (size_t i = 0; i < j->njobs; i++)
+        if (j->jobs[i]->creator && strcmp(j->jobs[i]->creator, address) == 0)
+            mine++;
+    if (mine < m->max_auto_jobs_per_peer)
+        return true;
+    atomic_fetch_add(&prismd_limits.auto_jobs_refused, 1);
+    return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                "job %s: %.64s already created %zu jobs, the limit (--max-auto-jobs-per-peer)", job_id, address,
+                mine);
+}
+
 static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__Hello *h,
                      prismd_status *end)
 {
@@ -640,10 +669,15 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                           h->layout->fingerprint.len > sizeof job->fingerprint))
             return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout: over the limits (%zu blocks, %zu-byte "
                         "fingerprint)", j->limits.max_blocks, sizeof job->fingerprint);
+        /* A job with a provisioned token was authenticated above; the others count against
+         * the address that made them (--max-auto-jobs-per-peer). */
+        if (!provisioned && !auto_job_allowed(j, h->job_id, peer->address, end))
+            return false;
         /* Trust on first use keeps the Hello's token, never the admin token. */
         const char *first = token && !prismd_token_equal(token, j->rule.admin_token) ? token : NULL;
         if (!(job = create_job(j, h->job_id, world, first, end)))
             return false;
+        job->creator = !provisioned && peer->address ? strdup(peer->address) : NULL;
     } else if (!grpc_authorized(j, job->id, job_token(j, job), token, PRISMD_ACCESS_AGENT, end)) {
         return false;
     }
@@ -720,6 +754,29 @@ int prismd_job_file(const char *data_dir, const char *job_id, const char *name, 
     return snprintf(out, len, "%s/jobs/%s/%s", data_dir, job_id, name);
 }
 
+/* Keeps the job's telemetry file under --telemetry-max-bytes: when the record in j->line would
+ * take a non-empty file past it, the file becomes NAME.1 (NAME.1 NAME.2, ..., the oldest beyond
+ * --telemetry-keep dropped and counted) and a new one is started. A single record larger than
+ * the limit still goes out, alone in its file. */
+static void rotate_telemetry(prismd_jobs *j, prismd_job *job, const char *name)
+{
+    const prismd_memory_limits *m = j->limits.mem;
+    if (!m || !m->telemetry_max_bytes || job->telemetry_size == 0 ||
+        job->telemetry_size + j->line.len <= m->telemetry_max_bytes)
+        return;
+    char path[4096];
+    prismd_job_file(j->limits.data_dir, job->id, name, path, sizeof path);
+    fclose(job->telemetry);
+    unsigned dropped = prismd_telemetry_rotate(path, m->telemetry_keep);
+    atomic_fetch_add(&prismd_limits.telemetry_rotations, 1);
+    atomic_fetch_add(&prismd_limits.telemetry_files_dropped, dropped);
+    job->telemetry = fopen(path, "a");
+    job->telemetry_size = 0;
+    if (!job->telemetry)
+        prism_log(PRISM_LOG_ERROR, "cannot open the telemetry file", "job", job->id, "path", path, "error",
+                  strerror(errno), LOG_END);
+}
+
 /* Appends the decision's record to the job's telemetry JSONL (DESIGN 4.4). */
 static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary *summary)
 {
@@ -744,13 +801,22 @@ static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary
                        strerror(errno), LOG_END);
             return;
         }
+        struct stat st;
+        job->telemetry_size = fstat(fileno(job->telemetry), &st) == 0 ? (uint64_t)st.st_size : 0;
     }
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     j->line.len = 0;
-    if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9) ||
-        fwrite(j->line.data, 1, j->line.len, job->telemetry) != j->line.len || fflush(job->telemetry) != 0)
+    if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9)) {
         prism_log(PRISM_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
+        return;
+    }
+    rotate_telemetry(j, job, cfg->telemetry_file);
+    if (!job->telemetry)
+        return;
+    if (fwrite(j->line.data, 1, j->line.len, job->telemetry) != j->line.len || fflush(job->telemetry) != 0)
+        prism_log(PRISM_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
+    job->telemetry_size += j->line.len;
 }
 
 static void log_changes(const prismd_job *job, const prism_step_result *r)

@@ -8,6 +8,7 @@
 #include "auth.h"
 #include "commands.h"
 #include "config.h"
+#include "mem_limits.h"
 #include "prism/common.h"
 #include "snapshot.h"
 #include "store.h"
@@ -22,6 +23,7 @@ typedef struct prismd_peer {
     uint32_t rank;    /* Connect: the Hello's rank */
     bool watcher;
     char *auth;       /* the bearer token of the call's metadata, or NULL; owned by rpc.c */
+    char *address;    /* the client's address without its port ("ipv4:10.0.0.7"), or NULL; owned by rpc.c */
 } prismd_peer;
 
 /* A gRPC status code (0: OK) and its message, to end a call with. */
@@ -52,6 +54,7 @@ typedef struct prismd_jobs_limits {
     prismd_token_box *tokens; /* provisioned job tokens, reloaded by main.c; NULL: none */
     bool require_provisioned_tokens; /* a Hello for a job without a provisioned token is refused */
     int64_t idle_expiry_ms;  /* a job without agents and activity this long is deleted; 0: never */
+    const prismd_memory_limits *mem; /* auto-created jobs per address, telemetry rotation; NULL: none */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {

@@ -25,6 +25,7 @@
 #include "prism/common.h"
 #include "events.h"
 #include "http.h"
+#include "mem_limits.h"
 #include "rest.h"
 #include "rpc.h"
 #include "store.h"
@@ -71,6 +72,7 @@ typedef struct prismd_options {
     size_t max_jobs;
     size_t max_blocks;
     bool auto_create;
+    prismd_memory_limits mem; /* issue 12 item 5: what one client may make prismd hold */
     prismd_hints hints;
     char *admin_token; /* read from --admin-token-file */
     const char *job_tokens_dir;  /* --job-tokens-dir: one file per job */
@@ -223,6 +225,37 @@ static prism_status set_max_jobs(prismd_options *opts, const char *value, prism_
 static prism_status set_max_blocks(prismd_options *opts, const char *value, prism_error *err)
 {
     return set_size(&opts->max_blocks, value, 1, 10000000, err);
+}
+
+/* The memory and disk limits of mem_limits.h. */
+static prism_status set_total_stream_buffer_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.total_stream_buffer_bytes, value, 0, 1ull << 40, err);
+}
+
+static prism_status set_max_auto_jobs_per_peer(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.max_auto_jobs_per_peer, value, 0, 1000000, err);
+}
+
+static prism_status set_telemetry_max_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.telemetry_max_bytes, value, 0, 1ull << 40, err);
+}
+
+static prism_status set_telemetry_keep(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.telemetry_keep, value, 0, 100, err);
+}
+
+static prism_status set_telemetry_answer_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.telemetry_answer_bytes, value, 1024, 1ull << 40, err);
+}
+
+static prism_status set_max_streamed_answers(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.max_streamed_answers, value, 1, 100000, err);
 }
 
 /* The admin token is read from a file so that it never shows in a process list. */
@@ -454,7 +487,27 @@ static const prismd_option prismd_option_table[] = {
      "with RESOURCE_EXHAUSTED"},
     {"max-jobs", 0, "N", "1000", set_max_jobs, "jobs this prismd holds at most; a Hello for one more is refused"},
     {"max-blocks", 0, "N", "100000", set_max_blocks,
-     "distinct block ids per job at most; a report or layout with more is refused"},
+     "distinct block ids per job at most; a report or layout with more is refused (a block costs ~800 bytes "
+     "of memory with its statistics and ~140 bytes per telemetry record: 100,000 blocks ~80 MB, 14 MB a decision)"},
+    /* What one client may make prismd hold (memory, disk): issue 12 item 5, mem_limits.h. */
+    {"total-stream-buffer-bytes", 0, "N", "268435456", set_total_stream_buffer_bytes,
+     "unsent bytes all gRPC calls together may hold (stream queues, GetBlockMap answers not taken; 0: no cap); "
+     "past it the call holding the most is cut off with RESOURCE_EXHAUSTED (4 streams at --stream-buffer-bytes; "
+     "a stream that reads holds about one update, shared by all streams of a job)"},
+    {"max-auto-jobs-per-peer", 0, "N", "16", set_max_auto_jobs_per_peer,
+     "jobs one client address (port aside) may auto-create among those held (0: no limit); one more is "
+     "refused with RESOURCE_EXHAUSTED"},
+    {"telemetry-max-bytes", 0, "N", "67108864", set_telemetry_max_bytes,
+     "a job's telemetry file is rotated to FILE.1 when the next record would take it past N bytes (0: never); "
+     "disk per job is at most (--telemetry-keep + 1) x N, a record larger than N alone in its file"},
+    {"telemetry-keep", 0, "N", "3", set_telemetry_keep,
+     "rotated telemetry files kept per job (0 to 100), the oldest deleted; GET .../telemetry reads them all"},
+    {"telemetry-answer-bytes", 0, "N", "16777216", set_telemetry_answer_bytes,
+     "record bytes one GET .../telemetry returns at most (it always holds one whole record); a cut answer "
+     "ends with \"truncated\":true and \"next_since_step\""},
+    {"max-streamed-answers", 0, "N", "16", set_max_streamed_answers,
+     "answers streamed at once (telemetry; block maps of over 4096 blocks, each holding its snapshot); each "
+     "holds 128 KiB besides; one more gets 503"},
     {"auto-create", 0, "true|false", "true", set_auto_create,
      "a Hello for an unknown job creates it, keeping the Hello's bearer token as the job's "
      "token; false: NOT_FOUND"},
@@ -907,6 +960,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.rest.data_dir = opts->data_dir;
     srv.rest.admin_token = opts->admin_token;
     srv.rest.require_read_token = opts->require_read_token;
+    srv.rest.mem = &opts->mem;
     daemon = prismd_http_start(&srv, &opts->http_addr, opts->tls_cert, opts->tls_key, &err);
     if (!daemon) {
         prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", err.message,
@@ -931,6 +985,7 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         .listen = opts->grpc_text,
         .max_message_bytes = opts->max_message_bytes,
         .stream_buffer_bytes = opts->stream_buffer_bytes,
+        .total_stream_buffer_bytes = opts->mem.total_stream_buffer_bytes,
         .limits = {.max_jobs = opts->max_jobs,
                    .max_blocks = opts->max_blocks,
                    .auto_create = opts->auto_create,
@@ -940,7 +995,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
                    .require_read_token = opts->require_read_token,
                    .tokens = tokens,
                    .require_provisioned_tokens = opts->require_provisioned_tokens,
-                   .idle_expiry_ms = opts->job_idle_expiry_ms},
+                   .idle_expiry_ms = opts->job_idle_expiry_ms,
+                   .mem = &opts->mem},
         .commands = &commands,
     };
     rpc = prismd_rpc_start(&rpc_opts, defaults, &err);

@@ -7,6 +7,7 @@
 #include "auth.h"
 #include "jobs.h"
 #include "telemetry.h"
+#include "telemetry_files.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -134,6 +135,125 @@ static char *render_blocks(const void *ctx)
     char *text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
     return text;
+}
+
+/* Block maps of more blocks than this are streamed, one block at a time, rather than rendered
+ * whole (and cached) per snapshot: rendering 100,000 blocks at once built a JSON tree of ~150 MB. */
+#define PRISMD_BLOCKS_CACHED_MAX 4096
+
+/* A streamed block map: the same document as render_blocks, written a block at a time from the
+ * snapshot it holds a reference to. */
+typedef struct blocks_stream {
+    prismd_snapshot *snap;
+    const prismd_snap_job *j;
+    size_t next;         /* the next block to render */
+    int stage;           /* 0: the job's fields, 1: blocks, 2: the telemetry summary, 3: done */
+    char *piece;         /* rendered and not yet all handed out */
+    size_t piece_len, piece_pos;
+} blocks_stream;
+
+/* The next piece of the document, malloc'd; NULL when out of memory. */
+static char *blocks_piece(blocks_stream *b)
+{
+    const prismd_snap_job *j = b->j;
+    char *piece = NULL, *text = NULL;
+    json_t *obj = NULL;
+    switch (b->stage) {
+    case 0: /* {"job_id":...,"blocks":[ */
+        obj = job_json(j);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text && asprintf(&piece, "%.*s,\"blocks\":[", (int)strlen(text) - 1, text) < 0)
+            piece = NULL;
+        b->stage = 1;
+        break;
+    case 1:
+        obj = block_json(&j->blocks[b->next], j->names ? j->names[b->next] : NULL);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text && asprintf(&piece, "%s%s", b->next ? "," : "", text) < 0)
+            piece = NULL;
+        if (++b->next == j->nblocks)
+            b->stage = 2;
+        break;
+    default: /* ],"telemetry":{...}} */
+        obj = summary_json(j);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
+        if (text && asprintf(&piece, "],\"telemetry\":%s}", text) < 0)
+            piece = NULL;
+        b->stage = 3;
+        break;
+    }
+    free(text);
+    json_decref(obj);
+    return piece;
+}
+
+static ssize_t blocks_read(void *cls, char *buf, size_t max)
+{
+    blocks_stream *b = cls;
+    size_t n = 0;
+    while (n < max) {
+        if (b->piece_pos < b->piece_len) {
+            size_t k = b->piece_len - b->piece_pos < max - n ? b->piece_len - b->piece_pos : max - n;
+            memcpy(buf + n, b->piece + b->piece_pos, k);
+            b->piece_pos += k;
+            n += k;
+            continue;
+        }
+        free(b->piece);
+        b->piece = NULL;
+        b->piece_len = b->piece_pos = 0;
+        if (b->stage == 3)
+            break;
+        if (b->stage == 1 && b->next == b->j->nblocks)
+            b->stage = 2;
+        if (!(b->piece = blocks_piece(b)))
+            return -1;
+        b->piece_len = strlen(b->piece);
+    }
+    return (ssize_t)n;
+}
+
+static void blocks_done(void *cls)
+{
+    blocks_stream *b = cls;
+    free(b->piece);
+    prismd_snapshot_release(b->snap);
+    free(b);
+    prismd_streamed_answer_release();
+}
+
+static void answer_cached(prismd_answer *a, prismd_snapshot *snap, _Atomic(char *) *slot, _Atomic(char *) *gz_slot,
+                          char *(*render)(const void *), const void *ctx);
+
+/* GET .../blocks: from the snapshot's cache for a map of up to PRISMD_BLOCKS_CACHED_MAX blocks
+ * (made once per snapshot, gzip too), streamed beyond it (plain JSON, one of
+ * --max-streamed-answers), so that memory per answer is one block's rendering. */
+static void get_blocks(prismd_rest *r, prismd_snapshot *snap, const prismd_snap_job *j, prismd_answer *a)
+{
+    prismd_snap_job *mj = (prismd_snap_job *)j;
+    if (j->nblocks <= PRISMD_BLOCKS_CACHED_MAX) {
+        answer_cached(a, snap, &mj->blocks_json, &mj->blocks_gzip, render_blocks, j);
+        return;
+    }
+    if (!prismd_streamed_answer_acquire(r->mem)) {
+        answer_error(a, 503, "unavailable", "%zu large answers are being sent, the limit "
+                     "(--max-streamed-answers); try again", r->mem->max_streamed_answers);
+        return;
+    }
+    blocks_stream *b = calloc(1, sizeof *b);
+    if (!b) {
+        prismd_streamed_answer_release();
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    atomic_fetch_add(&snap->refs, 1);
+    b->snap = snap;
+    b->j = j;
+    a->status = 200;
+    a->content_type = "application/json";
+    a->read = blocks_read;
+    a->done = blocks_done;
+    a->stream_cls = b;
 }
 
 /* gzip of text, stored as an 8-byte length then the bytes, so that it sits in a char* slot. */
@@ -269,8 +389,23 @@ static bool query_int(prismd_query_fn query, void *ctx, const char *name, unsign
     return true;
 }
 
-/* The job's telemetry records with step_id >= since_step, oldest first, at most limit. The
- * lines of the JSONL file are copied as they are. */
+/* A streamed telemetry answer: the reader and its slot among --max-streamed-answers. */
+static ssize_t telemetry_read(void *cls, char *buf, size_t max)
+{
+    return prismd_telemetry_reader_read(cls, buf, max);
+}
+
+static void telemetry_done(void *cls)
+{
+    if (prismd_telemetry_reader_truncated(cls))
+        atomic_fetch_add(&prismd_limits.telemetry_answers_truncated, 1);
+    prismd_telemetry_reader_close(cls);
+    prismd_streamed_answer_release();
+}
+
+/* The job's telemetry records with step_id >= since_step, oldest first, at most limit, read
+ * across the rotated files and streamed (telemetry_files.h): memory per answer is one chunk
+ * however large the records, and an answer stops at --telemetry-answer-bytes of records. */
 static void get_telemetry(prismd_rest *r, const prismd_snap_job *j, prismd_query_fn query, void *ctx,
                           prismd_answer *a)
 {
@@ -279,36 +414,26 @@ static void get_telemetry(prismd_rest *r, const prismd_snap_job *j, prismd_query
         !query_int(query, ctx, "limit", 100, 1, 1000, &limit, a))
         return;
     char path[4096];
-    prismd_job_file(r->data_dir, j->id, j->config.telemetry_file, path, sizeof path);
-    prism_buf out = {0};
-    bool ok = prism_buf_append(&out, "{\"job_id\":\"", 11) == PRISM_OK &&
-              prism_buf_append(&out, j->id, strlen(j->id)) == PRISM_OK &&
-              prism_buf_append(&out, "\",\"records\":[", 13) == PRISM_OK;
-    FILE *f = r->data_dir ? fopen(path, "r") : NULL;
-    char *line = NULL;
-    size_t cap = 0, count = 0;
-    ssize_t n;
-    static const char key[] = "{\"step_id\":";
-    while (ok && f && count < limit && (n = getline(&line, &cap, f)) > 0) {
-        if (strncmp(line, key, sizeof key - 1) != 0 || line[n - 1] != '\n')
-            continue; /* not a record, or one still being written */
-        if (strtoull(line + sizeof key - 1, NULL, 10) < since)
-            continue;
-        ok = (count == 0 || prism_buf_append(&out, ",", 1) == PRISM_OK) &&
-             prism_buf_append(&out, line, (size_t)n - 1) == PRISM_OK;
-        count++;
+    prismd_job_file(r->data_dir ? r->data_dir : "", j->id, j->config.telemetry_file, path, sizeof path);
+    size_t max_bytes = r->mem && r->mem->telemetry_answer_bytes ? r->mem->telemetry_answer_bytes : SIZE_MAX;
+    size_t keep = r->mem ? r->mem->telemetry_keep : 0;
+    if (!prismd_streamed_answer_acquire(r->mem)) {
+        answer_error(a, 503, "unavailable", "%zu large answers are being sent, the limit "
+                     "(--max-streamed-answers); try again", r->mem->max_streamed_answers);
+        return;
     }
-    free(line);
-    if (f)
-        fclose(f);
-    if (!ok || prism_buf_append(&out, "]}", 2) != PRISM_OK) {
-        prism_buf_free(&out);
+    prismd_telemetry_reader *reader =
+        prismd_telemetry_reader_open(r->data_dir ? path : "", r->data_dir ? keep : 0, j->id, since, limit, max_bytes);
+    if (!reader) {
+        prismd_streamed_answer_release();
         answer_error(a, 500, "internal", "out of memory");
         return;
     }
     a->status = 200;
     a->content_type = "application/json";
-    a->body = out.data;
+    a->read = telemetry_read;
+    a->done = telemetry_done;
+    a->stream_cls = reader;
 }
 
 /* ---- /metrics ---- */
@@ -354,6 +479,109 @@ static void family(text *t, const char *name, const char *type, const char *help
     add(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* The limits of mem_limits.h: how often each was reached, and the gauges they bound. */
+static void limits_metrics(text *t)
+{
+    const prismd_limit_counters *c = &prismd_limits;
+    family(t, "prism_stream_buffer_bytes", "gauge",
+           "Unsent bytes held for gRPC calls (stream queues, GetBlockMap answers).");
+    add(t, "prism_stream_buffer_bytes %llu\n", (unsigned long long)atomic_load(&c->stream_buffer_bytes));
+    family(t, "prism_streams_cut_off_total", "counter",
+           "gRPC streams ended with RESOURCE_EXHAUSTED for unsent data, by the limit reached.");
+    add(t, "prism_streams_cut_off_total{limit=\"stream\"} %llu\n",
+        (unsigned long long)atomic_load(&c->streams_cut_stream_buffer));
+    add(t, "prism_streams_cut_off_total{limit=\"total\"} %llu\n",
+        (unsigned long long)atomic_load(&c->streams_cut_total_buffer));
+    family(t, "prism_auto_jobs_refused_total", "counter",
+           "Hellos refused because their address already auto-created --max-auto-jobs-per-peer jobs.");
+    add(t, "prism_auto_jobs_refused_total %llu\n", (unsigned long long)atomic_load(&c->auto_jobs_refused));
+    family(t, "prism_telemetry_rotations_total", "counter", "Telemetry files rotated at --telemetry-max-bytes.");
+    add(t, "prism_telemetry_rotations_total %llu\n", (unsigned long long)atomic_load(&c->telemetry_rotations));
+    family(t, "prism_telemetry_files_dropped_total", "counter",
+           "Oldest rotated telemetry files deleted (past --telemetry-keep).");
+    add(t, "prism_telemetry_files_dropped_total %llu\n",
+        (unsigned long long)atomic_load(&c->telemetry_files_dropped));
+    family(t, "prism_telemetry_answers_truncated_total", "counter",
+           "GET .../telemetry answers cut at --telemetry-answer-bytes.");
+    add(t, "prism_telemetry_answers_truncated_total %llu\n",
+        (unsigned long long)atomic_load(&c->telemetry_answers_truncated));
+    family(t, "prism_streamed_answers", "gauge", "HTTP answers being streamed now.");
+    add(t, "prism_streamed_answers %llu\n", (unsigned long long)atomic_load(&c->streamed_answers_active));
+    family(t, "prism_streamed_answers_refused_total", "counter",
+           "HTTP answers refused with 503 past --max-streamed-answers.");
+    add(t, "prism_streamed_answers_refused_total %llu\n",
+        (unsigned long long)atomic_load(&c->streamed_answers_refused));
+}
+
+/* The per-block family of /metrics: one sample per scored block of every job. */
+static const char block_family_head[] =
+    "# HELP prism_block_sensitivity Sensitivity score s of each scored block at the last decision.\n"
+    "# TYPE prism_block_sensitivity gauge\n";
+
+/* The sample of block b of job j into out; false when the block has no score (or out is short). */
+static bool block_sample(char *out, size_t len, const prismd_snap_job *j, size_t b)
+{
+    if (!j->blocks[b].has_score)
+        return false;
+    int n = snprintf(out, len, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", j->id, j->blocks[b].id,
+                     j->blocks[b].sensitivity);
+    return n > 0 && (size_t)n < len;
+}
+
+/* /metrics when the jobs hold more than PRISMD_BLOCKS_CACHED_MAX blocks: every other family
+ * made whole (their size does not grow with blocks), then the per-block samples written a line
+ * at a time from the snapshot the answer holds, so that an answer of millions of samples holds
+ * one line of them. Not one of --max-streamed-answers: monitoring is never refused. */
+typedef struct metrics_stream {
+    prismd_snapshot *snap;
+    char *head;                 /* the other families */
+    size_t head_len, head_pos;
+    const char *pending;        /* text due before the next sample */
+    size_t pending_len, pending_pos;
+    size_t job, block;          /* the next sample to look at */
+    char line[256];
+} metrics_stream;
+
+static ssize_t metrics_read(void *cls, char *buf, size_t max)
+{
+    metrics_stream *m = cls;
+    size_t n = 0;
+    while (n < max) {
+        if (m->head_pos < m->head_len) {
+            size_t k = m->head_len - m->head_pos < max - n ? m->head_len - m->head_pos : max - n;
+            memcpy(buf + n, m->head + m->head_pos, k);
+            m->head_pos += k;
+            n += k;
+        } else if (m->pending_pos < m->pending_len) {
+            size_t k = m->pending_len - m->pending_pos < max - n ? m->pending_len - m->pending_pos : max - n;
+            memcpy(buf + n, m->pending + m->pending_pos, k);
+            m->pending_pos += k;
+            n += k;
+        } else if (m->job < m->snap->njobs) {
+            const prismd_snap_job *j = &m->snap->jobs[m->job];
+            if (m->block >= j->nblocks) {
+                m->job++;
+                m->block = 0;
+            } else if (block_sample(m->line, sizeof m->line, j, m->block++)) {
+                m->pending = m->line;
+                m->pending_len = strlen(m->line);
+                m->pending_pos = 0;
+            }
+        } else {
+            break;
+        }
+    }
+    return (ssize_t)n;
+}
+
+static void metrics_done(void *cls)
+{
+    metrics_stream *m = cls;
+    prismd_snapshot_release(m->snap);
+    free(m->head);
+    free(m);
+}
+
 static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
 {
     text t = {0};
@@ -379,12 +607,19 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
         for (int r = 1; r < PRISMD_REASONS; r++)
             add(&t, "prism_precision_switches_total{job=\"%s\",reason=\"%s\"} %llu\n", snap->jobs[i].id,
                 prism_reason_name((prism_reason)r), (unsigned long long)snap->jobs[i].switches[r]);
-    family(&t, "prism_block_sensitivity", "gauge", "Sensitivity score s of each scored block at the last decision.");
+    size_t all_blocks = 0;
     for (size_t i = 0; i < snap->njobs; i++)
-        for (size_t b = 0; b < snap->jobs[i].nblocks; b++)
-            if (snap->jobs[i].blocks[b].has_score)
-                add(&t, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", snap->jobs[i].id,
-                    snap->jobs[i].blocks[b].id, snap->jobs[i].blocks[b].sensitivity);
+        all_blocks += snap->jobs[i].nblocks;
+    bool stream_blocks = all_blocks > PRISMD_BLOCKS_CACHED_MAX; /* the per-block family goes last, streamed */
+    if (!stream_blocks) {
+        add(&t, "%s", block_family_head);
+        for (size_t i = 0; i < snap->njobs; i++)
+            for (size_t b = 0; b < snap->jobs[i].nblocks; b++) {
+                char line[256];
+                if (block_sample(line, sizeof line, &snap->jobs[i], b))
+                    add(&t, "%s", line);
+            }
+    }
     family(&t, "prism_bandwidth_saving_percent", "gauge",
            "Estimated transfer bandwidth saved by low-precision blocks at the last decision.");
     for (size_t i = 0; i < snap->njobs; i++)
@@ -480,6 +715,7 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
             prismd_http_connections((prismd_listener)l));
     family(&t, "prism_http_event_streams", "gauge", "GET /v1/jobs/JOB/events streams open now.");
     add(&t, "prism_http_event_streams %llu\n", prismd_http_event_streams());
+    limits_metrics(&t);
     if (t.failed) {
         free(t.data);
         answer_error(a, 500, "internal", "out of memory");
@@ -487,7 +723,25 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
     }
     a->status = 200;
     a->content_type = "text/plain; version=0.0.4; charset=utf-8";
-    a->body = t.data;
+    if (!stream_blocks) {
+        a->body = t.data;
+        return;
+    }
+    metrics_stream *m = calloc(1, sizeof *m);
+    if (!m) {
+        free(t.data);
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    atomic_fetch_add(&((prismd_snapshot *)snap)->refs, 1);
+    m->snap = (prismd_snapshot *)snap;
+    m->head = t.data;
+    m->head_len = t.len;
+    m->pending = block_family_head;
+    m->pending_len = strlen(block_family_head);
+    a->read = metrics_read;
+    a->done = metrics_done;
+    a->stream_cls = m;
 }
 
 /* ---- routing ---- */
@@ -717,8 +971,7 @@ bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_
         else if (!check_read(r, j, auth, a))
             ; /* a says why */
         else if (strcmp(rest, "/blocks") == 0)
-            answer_cached(a, snap, &((prismd_snap_job *)j)->blocks_json, &((prismd_snap_job *)j)->blocks_gzip,
-                          render_blocks, j);
+            get_blocks(r, snap, j, a);
         else if (strcmp(rest, "/config") == 0)
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)

@@ -4,8 +4,11 @@
 #define PRISMD_REST_H
 
 #include "commands.h"
+#include "mem_limits.h"
 #include "snapshot.h"
 #include "store.h"
+
+#include <sys/types.h>
 
 typedef struct prismd_rest {
     prismd_snapshots *snapshots;
@@ -14,6 +17,7 @@ typedef struct prismd_rest {
     const char *data_dir;      /* for the jobs' telemetry files */
     const char *admin_token;   /* NULL: none */
     bool require_read_token;   /* --require-read-token: reads of a job need its or the admin token */
+    const prismd_memory_limits *mem; /* answer sizes and streamed answers at once; NULL: none */
 } prismd_rest;
 
 /* A query argument of the request, or NULL. */
@@ -27,6 +31,12 @@ typedef struct prismd_answer {
     bool gzip;                 /* body is gzip-compressed (Content-Encoding: gzip) */
     const char *content_type;
     prismd_snapshot *hold;     /* when set: body lives in this snapshot; release it once sent */
+    /* A streamed answer (body NULL): read fills buf with up to max bytes of it and returns how
+     * many, 0 at its end, -1 on an error (the connection is closed); done is called once when
+     * the answer is gone, sent or not. */
+    ssize_t (*read)(void *cls, char *buf, size_t max);
+    void (*done)(void *cls);
+    void *stream_cls;
 } prismd_answer;
 
 /* Answers a GET of one of REST's paths; returns false when the path is not REST's. auth: the

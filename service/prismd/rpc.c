@@ -11,12 +11,14 @@
 #include "rpc.h"
 #include "stream.h"
 
+#include "mem_limits.h"
 #include "log.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,9 +53,19 @@ typedef struct call_tag {
     prismd_stream *call; /* NULL for TAG_SHUTDOWN */
 } call_tag;
 
+/* A packed message that one or more streams send (stream.h): its bytes exist once however many
+ * queues hold it, and count once in the total of unsent bytes while any queue does. */
+struct prismd_message {
+    grpc_slice slice;
+    size_t len;
+    unsigned refs;   /* the creator's, until it releases it, and one per queue entry */
+    unsigned queued; /* queue entries holding it */
+};
+
 typedef struct outmsg {
     struct outmsg *next;
-    grpc_byte_buffer *bb;
+    grpc_byte_buffer *bb;  /* refers to msg's slice, no copy */
+    prismd_message *msg;
     size_t len;
 } outmsg;
 
@@ -79,6 +91,7 @@ struct prismd_stream {
     bool has_details;
     outmsg *head, *tail;
     size_t queued_bytes;
+    size_t reply_bytes;        /* GetBlockMap: its answer, in gRPC's hands until the call is over */
     prismd_peer peer;
     prismd_stream *prev, *next; /* every call of the server, for shutdown */
 };
@@ -91,6 +104,8 @@ struct prismd_rpc {
     prismd_commands *commands;
     prismd_snapshots *snapshots;
     size_t stream_buffer_bytes;
+    size_t total_stream_buffer_bytes; /* 0: no cap */
+    size_t total_queued;              /* unsent bytes over every stream */
     pthread_t thread;
     atomic_bool stop;
     bool shutting_down;
@@ -114,6 +129,56 @@ static gpr_timespec in_ms(int64_t ms)
 
 /* ---- call lifetime ---- */
 
+/* The total of unsent bytes, kept with every stream's queued_bytes and shown in /metrics. */
+static void queued_add(prismd_rpc *r, size_t n)
+{
+    r->total_queued += n;
+    atomic_store(&prismd_limits.stream_buffer_bytes, r->total_queued);
+}
+
+static void queued_sub(prismd_rpc *r, size_t n)
+{
+    r->total_queued -= n;
+    atomic_store(&prismd_limits.stream_buffer_bytes, r->total_queued);
+}
+
+prismd_message *prismd_message_create(const uint8_t *data, size_t len)
+{
+    prismd_message *m = malloc(sizeof *m);
+    if (!m)
+        return NULL;
+    m->slice = grpc_slice_from_copied_buffer((const char *)data, len);
+    m->len = len;
+    m->refs = 1;
+    m->queued = 0;
+    return m;
+}
+
+static void message_unref(prismd_message *m)
+{
+    if (--m->refs == 0) {
+        grpc_slice_unref(m->slice);
+        free(m);
+    }
+}
+
+void prismd_message_release(prismd_message *m)
+{
+    if (m)
+        message_unref(m);
+}
+
+/* Frees one entry of s's queue (already unlinked), keeping the byte counts. */
+static void outmsg_free(prismd_stream *s, outmsg *e)
+{
+    s->queued_bytes -= e->len;
+    if (--e->msg->queued == 0)
+        queued_sub(s->rpc, e->len);
+    grpc_byte_buffer_destroy(e->bb);
+    message_unref(e->msg);
+    free(e);
+}
+
 static void call_free(prismd_stream *s)
 {
     prismd_rpc *r = s->rpc;
@@ -126,9 +191,10 @@ static void call_free(prismd_stream *s)
     while (s->head) {
         outmsg *m = s->head;
         s->head = m->next;
-        grpc_byte_buffer_destroy(m->bb);
-        free(m);
+        outmsg_free(s, m);
     }
+    queued_sub(r, s->reply_bytes);
+    free(s->peer.address);
     if (s->payload)
         grpc_byte_buffer_destroy(s->payload);
     if (s->recv)
@@ -228,29 +294,94 @@ static void start_write(prismd_stream *s)
         s->writing = true;
 }
 
+/* Cuts a stream off for unsent data: the call is cancelled at once with RESOURCE_EXHAUSTED (its
+ * write in flight would never finish) and what waits in its queue is dropped; the message in
+ * flight is freed when its batch completes. Counted by the limit that was reached. */
+static void cut_off(prismd_stream *s, bool total)
+{
+    const char *why = total ? "prismd's unsent stream data is at its limit (--total-stream-buffer-bytes) and this "
+                              "stream holds the most of it: it is behind on reading"
+                            : "the stream fell too far behind on reading updates (--stream-buffer-bytes)";
+    atomic_fetch_add(total ? &prismd_limits.streams_cut_total_buffer : &prismd_limits.streams_cut_stream_buffer, 1);
+    prism_log(PRISM_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
+    s->ending = true;
+    grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
+    queued_sub(s->rpc, s->reply_bytes); /* a GetBlockMap answer: gRPC drops it with the call */
+    s->reply_bytes = 0;
+    outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
+    for (outmsg *m = keep ? keep->next : s->head; m;) {
+        outmsg *next = m->next;
+        outmsg_free(s, m);
+        m = next;
+    }
+    s->head = s->tail = keep;
+    if (keep)
+        keep->next = NULL;
+}
+
+/* Bytes of a stream's queue that cutting it off would free now (not the message in flight). */
+static size_t droppable(const prismd_stream *s)
+{
+    if (s->kind == CALL_GET_MAP)
+        return s->reply_bytes; /* cancelling the call frees its answer */
+    return s->writing && s->head ? s->queued_bytes - s->head->len : s->queued_bytes;
+}
+
+/* Whether cutting o off would free anything: a stream still going, or a GetBlockMap call whose
+ * answer its client has not taken. */
+static bool cuttable(const prismd_stream *o)
+{
+    if (o->closed)
+        return false;
+    return o->kind == CALL_GET_MAP ? o->reply_bytes > 0 : !o->ending;
+}
+
+/* Makes room for need more unsent bytes under --total-stream-buffer-bytes by cutting off the
+ * calls furthest behind, those holding the most droppable bytes (a stream's queue, a
+ * GetBlockMap answer not taken), so that clients that read keep going whoever fills the
+ * buffers. A stall shared by several streams (watchers that all stopped reading hold the same
+ * messages) frees memory only once all of them are gone, so they go one after the other.
+ * False when s itself should go: it holds at least as much as any other. */
+static bool make_room(prismd_stream *s, size_t need)
+{
+    prismd_rpc *r = s->rpc;
+    while (r->total_queued + need > r->total_stream_buffer_bytes) {
+        prismd_stream *worst = NULL;
+        for (prismd_stream *o = r->live; o; o = o->next)
+            if (o != s && cuttable(o) && (!worst || droppable(o) > droppable(worst)))
+                worst = o;
+        if (!worst || droppable(worst) <= droppable(s))
+            return false;
+        cut_off(worst, true);
+    }
+    return true;
+}
+
 void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
+{
+    prismd_message *msg = prismd_message_create(data, len);
+    if (!msg) {
+        call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    prismd_stream_send_message(s, msg);
+    prismd_message_release(msg);
+}
+
+void prismd_stream_send_message(prismd_stream *s, prismd_message *msg)
 {
     if (s->ending || s->closed)
         return;
-    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory: the
-     * call is cancelled at once (its write in flight would never finish) and what waits in its
-     * queue is dropped. */
-    if (s->queued_bytes + len > s->rpc->stream_buffer_bytes) {
-        static const char why[] = "the stream fell too far behind on reading updates";
-        prism_log(PRISM_LOG_WARN, "call cut off", "call", call_names[s->kind], "message", why, LOG_END);
-        s->ending = true;
-        grpc_call_cancel_with_status(s->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
-        outmsg *keep = s->writing ? s->head : NULL; /* owned by the batch in flight until it completes */
-        for (outmsg *m = keep ? keep->next : s->head; m;) {
-            outmsg *next = m->next;
-            s->queued_bytes -= m->len;
-            grpc_byte_buffer_destroy(m->bb);
-            free(m);
-            m = next;
-        }
-        s->head = s->tail = keep;
-        if (keep)
-            keep->next = NULL;
+    /* A peer that stopped reading is cut off rather than allowed to grow prismd's memory, one
+     * stream at a time (--stream-buffer-bytes) and all together (--total-stream-buffer-bytes). */
+    prismd_rpc *r = s->rpc;
+    size_t len = msg->len;
+    if (s->queued_bytes + len > r->stream_buffer_bytes) {
+        cut_off(s, false);
+        return;
+    }
+    if (r->total_stream_buffer_bytes && !make_room(s, msg->queued ? 0 : len)) {
+        cut_off(s, true);
         return;
     }
     outmsg *m = malloc(sizeof *m);
@@ -258,9 +389,11 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
         call_end(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    grpc_slice slice = grpc_slice_from_copied_buffer((const char *)data, len);
-    m->bb = grpc_raw_byte_buffer_create(&slice, 1);
-    grpc_slice_unref(slice);
+    m->bb = grpc_raw_byte_buffer_create(&msg->slice, 1);
+    m->msg = msg;
+    msg->refs++;
+    if (msg->queued++ == 0)
+        queued_add(r, len);
     m->len = len;
     m->next = NULL;
     if (s->tail)
@@ -320,6 +453,23 @@ static char *bearer_token(const grpc_metadata_array *md)
     return NULL;
 }
 
+/* The client's address as gRPC names it, without the port: "ipv4:127.0.0.1", "ipv6:[::1]";
+ * NULL when unknown. The caller frees it. */
+static char *peer_address(grpc_call *call)
+{
+    char *p = grpc_call_get_peer(call);
+    if (!p)
+        return NULL;
+    char *colon = strrchr(p, ':');
+    const char *close = strrchr(p, ']');
+    size_t n = strlen(p);
+    if (colon && (!close || colon > close) && strncmp(p, "unix", 4) != 0 && colon != strchr(p, ':'))
+        n = (size_t)(colon - p); /* "ipv4:1.2.3.4:5678": the port goes; "unix:/path" stays whole */
+    char *out = strndup(p, n);
+    gpr_free(p);
+    return out;
+}
+
 static void request_call(prismd_rpc *r, call_kind kind);
 
 /* ---- the three methods ---- */
@@ -343,6 +493,19 @@ static void on_get_block_map(prismd_stream *s)
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    prismd_rpc *r = s->rpc;
+    if (ok && r->total_stream_buffer_bytes && !make_room(s, out_len)) {
+        /* The answer would pass the total of unsent bytes, and no call is further behind. */
+        atomic_fetch_add(&prismd_limits.streams_cut_total_buffer, 1);
+        ok = false;
+        end.code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(end.message, sizeof end.message,
+                 "prismd's unsent answers are at their limit (--total-stream-buffer-bytes); try again");
+    }
+    if (ok) {
+        s->reply_bytes = out_len;
+        queued_add(r, out_len);
+    }
     grpc_byte_buffer *bb = NULL;
     if (ok) {
         grpc_slice slice = grpc_slice_from_copied_buffer((const char *)out, out_len);
@@ -395,6 +558,7 @@ static void on_call_started(prismd_stream *s)
 {
     s->started = true;
     s->peer.auth = bearer_token(&s->md);
+    s->peer.address = peer_address(s->call);
     prismd_rpc *r = s->rpc;
     request_call(r, s->kind); /* the next call of this method */
     if (r->shutting_down && !answered_at_once(s->kind)) {
@@ -467,9 +631,7 @@ static void on_written(prismd_stream *s, bool ok)
         s->head = m->next;
         if (!s->head)
             s->tail = NULL;
-        s->queued_bytes -= m->len;
-        grpc_byte_buffer_destroy(m->bb);
-        free(m);
+        outmsg_free(s, m);
     }
     if (!ok)
         return; /* the call is broken; RECV_CLOSE_ON_SERVER will say so */
@@ -597,6 +759,7 @@ prismd_rpc *prismd_rpc_start(const prismd_rpc_options *opts, const prism_config 
     r->commands = opts->commands;
     r->snapshots = opts->snapshots;
     r->stream_buffer_bytes = opts->stream_buffer_bytes ? opts->stream_buffer_bytes : (64u << 20);
+    r->total_stream_buffer_bytes = opts->total_stream_buffer_bytes;
     r->t_shutdown = (call_tag){TAG_SHUTDOWN, NULL};
     r->jobs = prismd_jobs_create(defaults, &opts->limits, opts->store, opts->snapshots, err);
     if (!r->jobs) {

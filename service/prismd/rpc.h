@@ -11,6 +11,7 @@ typedef struct prismd_rpc_options {
     const char *listen;          /* "127.0.0.1:50051", "[::1]:50051", "0.0.0.0:50051" */
     size_t max_message_bytes;    /* larger messages are refused with RESOURCE_EXHAUSTED */
     size_t stream_buffer_bytes;  /* unsent bytes a stream may hold before it is cut off (0: 64 MiB) */
+    size_t total_stream_buffer_bytes; /* unsent bytes of all calls: queues, GetBlockMap answers (0: none) */
     prismd_jobs_limits limits;
     prismd_store *store;         /* jobs are restored from it and saved to it; the caller closes it */
     prismd_snapshots *snapshots; /* where the policy thread publishes what REST shows */

@@ -19,4 +19,15 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len);
  * takes no more messages, and what its peer sends from then on is not acted on. */
 void prismd_stream_end(prismd_stream *s, int code, const char *message);
 
+/* A packed message to queue on several streams (a map update to every agent and watcher of a
+ * job): its bytes are held once, however many streams queue it, and count once against
+ * --total-stream-buffer-bytes. Create copies data; release drops the creator's reference (the
+ * queues keep theirs). NULL when out of memory. */
+typedef struct prismd_message prismd_message;
+prismd_message *prismd_message_create(const uint8_t *data, size_t len);
+void prismd_message_release(prismd_message *m);
+
+/* prismd_stream_send of a shared message. */
+void prismd_stream_send_message(prismd_stream *s, prismd_message *m);
+
 #endif
