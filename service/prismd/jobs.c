@@ -610,6 +610,39 @@ static bool remember_layout_block(prismd_job *job, uint32_t id, const char *name
     return true;
 }
 
+/* Checks a Hello's layout whole before any of it is applied (a refused Hello changes nothing):
+ * each block id once, the fingerprint's size, and the job's layout blocks, those it has and
+ * the new ones, within max. job is NULL for a job the Hello would create. */
+static bool layout_fits(const prismd_job *job, const Prism__V1__ModelLayout *l, size_t max, prismd_status *end)
+{
+    if (l->fingerprint.len > sizeof job->fingerprint)
+        return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout.fingerprint: %zu bytes, at most %zu",
+                    l->fingerprint.len, sizeof job->fingerprint);
+    if (l->n_blocks > max)
+        return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %zu blocks, the limit is %zu", l->n_blocks,
+                    max);
+    prism_idmap seen;
+    prism_idmap_init(&seen);
+    size_t fresh = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < l->n_blocks; i++) {
+        uint32_t id = l->blocks[i]->id;
+        if (prism_idmap_get(&seen, id) != PRISM_IDMAP_NONE) {
+            ok = fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout.blocks[%zu].id: block %u appears twice", i, id);
+        } else if (prism_idmap_put(&seen, id, 0)) {
+            ok = fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        } else if (!job || prism_idmap_get(&job->name_ix, id) == PRISM_IDMAP_NONE) {
+            fresh++;
+        }
+    }
+    prism_idmap_free(&seen);
+    size_t have = job ? job->nnames : 0;
+    if (ok && have + fresh > max)
+        ok = fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                  "hello.layout: %zu new blocks on the job's %zu would pass the limit of %zu", fresh, have, max);
+    return ok;
+}
+
 /* Whether address may auto-create one more job: each client address (gRPC's peer, its port left
  * out) may have created --max-auto-jobs-per-peer of the jobs held; past it the Hello is refused
  * with RESOURCE_EXHAUSTED and counted. Jobs restored from the store have no creator. */
@@ -665,10 +698,8 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         if (h->rank >= world)
             return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.rank: %u is not below the world size %u", h->rank,
                         world);
-        if (h->layout && (h->layout->n_blocks > j->limits.max_blocks ||
-                          h->layout->fingerprint.len > sizeof job->fingerprint))
-            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout: over the limits (%zu blocks, %zu-byte "
-                        "fingerprint)", j->limits.max_blocks, sizeof job->fingerprint);
+        if (h->layout && !layout_fits(NULL, h->layout, j->limits.max_blocks, end))
+            return false;
         /* A job with a provisioned token was authenticated above; the others count against
          * the address that made them (--max-auto-jobs-per-peer). */
         if (!provisioned && !auto_job_allowed(j, h->job_id, peer->address, end))
@@ -687,10 +718,9 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     if (h->rank >= job->world_size)
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.rank: %u is not below the world size %u", h->rank,
                     job->world_size);
+    if (h->layout && !layout_fits(job, h->layout, j->limits.max_blocks, end))
+        return false;
     if (h->layout) {
-        if (h->layout->n_blocks > j->limits.max_blocks)
-            return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %zu blocks, the limit is %zu",
-                        h->layout->n_blocks, j->limits.max_blocks);
         prism_error err;
         for (size_t i = 0; i < h->layout->n_blocks; i++) {
             const Prism__V1__BlockInfo *b = h->layout->blocks[i];
@@ -703,9 +733,6 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     }
     cal_list cached = {.policy = job->policy};
     if (h->layout && h->layout->fingerprint.len) {
-        if (h->layout->fingerprint.len > sizeof job->fingerprint)
-            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout.fingerprint: %zu bytes, at most %zu",
-                        h->layout->fingerprint.len, sizeof job->fingerprint);
         memcpy(job->fingerprint, h->layout->fingerprint.data, h->layout->fingerprint.len);
         job->fingerprint_len = h->layout->fingerprint.len;
         prism_error err;

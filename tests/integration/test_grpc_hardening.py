@@ -234,6 +234,49 @@ class StringTest(Base):
         self.assertEqual(self.prismd.json_until("/v1/jobs", lambda d: True)["jobs"], [])
 
 
+class LayoutTest(Base):
+    """Item 7, on the Hello's side: a layout is checked whole before any of it is applied, so a
+    refused Hello changes nothing (before, the blocks ahead of the one past --max-blocks were
+    kept)."""
+
+    def setUp(self):
+        self.prismd = tg.Prismd("--max-blocks", "3")
+        self.agents = []
+
+    def hello_with(self, *ids):
+        a = self.agent()
+        blocks = [pb.BlockInfo(id=i, name="b.%d" % i, param_bytes_bf16=100) for i in ids]
+        a.send(hello=pb.Hello(job_id="job-l", rank=0, world_size=1, node="n",
+                              layout=pb.ModelLayout(model_id="m", blocks=blocks)))
+        return a
+
+    def blocks_after_a_decision(self, agent, first_step, norms):
+        agent.step(first_step, norms)
+        agent.step(first_step + 1, norms)
+        version = agent.next().update.map_version
+        doc = self.prismd.json_until("/v1/jobs/job-l/blocks", lambda d: d["map_version"] == version)
+        return [(b["id"], b["name"]) for b in doc["blocks"]]
+
+    def test_a_refused_layout_changes_nothing(self):
+        a = self.hello_with(0, 1)
+        self.assertEqual(a.next().WhichOneof("kind"), "welcome")
+        # Blocks 2 and 3 would make four: refused whole, block 2 included. (A refused Hello
+        # does not take rank 0 from the agent that has it.)
+        b = self.hello_with(2, 3)
+        self.assertEqual(b.status(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertEqual(b.done.details(), "hello.layout: 2 new blocks on the job's 2 would pass the limit of 3")
+        c = self.hello_with(1, 2, 1)
+        self.assertEqual(c.status(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(c.done.details(), "hello.layout.blocks[2].id: block 1 appears twice")
+        self.assertEqual(self.blocks_after_a_decision(a, 1, (3.0, 1.0)), [(0, "b.0"), (1, "b.1")])
+        # A layout within the limit joins: one new block makes three.
+        d = self.hello_with(1, 2)
+        self.assertEqual(d.next().WhichOneof("kind"), "welcome")
+        # (Block 2 goes low at this decision, so an update is sent.)
+        self.assertEqual(self.blocks_after_a_decision(d, 3, (3.0, 1.0, 0.1)),
+                         [(0, "b.0"), (1, "b.1"), (2, "b.2")])
+
+
 def layout(fingerprint):
     return pb.ModelLayout(fingerprint=fingerprint, model_id="m", blocks=LAYOUT_BLOCKS)
 
