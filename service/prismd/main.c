@@ -585,7 +585,8 @@ static const prismd_option prismd_option_table[] = {
      "least severe log event written to stderr: debug (adds one line per HTTP request), info, "
      "warn or error"},
     {"service-config", 0, "FILE", NULL, set_service_config,
-     "JSON object of these options by name, e.g. {\"grpc-listen\": \"0.0.0.0:50051\", \"max-jobs\": 50}; "
+     "JSON object of these options by name, e.g. {\"grpc-listen\": \"0.0.0.0:50051\", \"max-jobs\": 50, "
+     "\"require-read-token\": true} (a flag takes true or false); "
      "options on the command line win over the file"},
     {"help", 'h', NULL, NULL, set_help, "print this help and exit"},
     {"version", 0, NULL, NULL, set_version, "print the version and exit"},
@@ -654,9 +655,18 @@ static prism_status load_service_config(prismd_options *opts, const char *path, 
         if (st)
             break;
         const prismd_option *opt = option_find_long(key, strlen(key));
-        if (!opt || !opt->arg || opt->set == set_service_config) {
+        if (!opt || opt->set == set_service_config || opt->set == set_help || opt->set == set_version) {
             st = prism_error_set(err, PRISM_ERR_INVALID, "%.200s: %.100s: not an option this file can set", path, key);
             break;
+        }
+        if (!opt->arg) { /* a flag: true sets it, false leaves it off */
+            if (!json_is_boolean(value)) {
+                st = prism_error_set(err, PRISM_ERR_INVALID, "%.200s: %.100s: expected true or false", path, key);
+                break;
+            }
+            if (json_is_true(value) && (st = opt->set(opts, "", err)))
+                prism_error_prefix(err, "%.200s: %s", path, key);
+            continue;
         }
         char buf[64];
         const char *v = NULL;

@@ -798,13 +798,32 @@ class GrpcTest(unittest.TestCase):
             for content, message in [('{"max-jobz": 1}', "prismd.json: max-jobz: not an option this file can set"),
                                      ('{"max-jobs": 0}', 'prismd.json: max-jobs: "0" is not an integer from 1'),
                                      ('{"max-jobs": [1]}', "prismd.json: max-jobs: expected a string, an integer"),
-                                     ('{"max-jobs": 1,}', "prismd.json:1:")]:
+                                     ('{"max-jobs": 1,}', "prismd.json:1:"),
+                                     ('{"require-read-token": 1}', "prismd.json: require-read-token: expected true or false"),
+                                     ('{"help": true}', "prismd.json: help: not an option this file can set")]:
                 with open(service, "w") as f:
                     f.write(content)
                 p = subprocess.run([os.path.join(BUILD, "service", "prismd"), "--service-config", service],
                                    capture_output=True, text=True, timeout=WAIT_S)
                 self.assertEqual(p.returncode, 2, content)
                 self.assertIn(message, p.stderr, content)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_service_config_file_sets_flags(self):
+        self.prismd.stop()
+        tmp = tempfile.mkdtemp(prefix="prism-service-")
+        try:
+            service = os.path.join(tmp, "prismd.json")
+            with open(service, "w") as f:
+                json.dump({"require-read-token": True}, f)
+            self.prismd = Prismd("--service-config", service)
+            self.assertEqual(self.prismd.http("/v1/jobs")[0], 401)
+            self.prismd.stop()
+            with open(service, "w") as f:
+                json.dump({"require-read-token": False}, f)
+            self.prismd = Prismd("--service-config", service)
+            self.assertEqual(self.prismd.http("/v1/jobs")[0], 200)
         finally:
             shutil.rmtree(tmp)
 
