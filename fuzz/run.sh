@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs one fuzz target of a PRISM_FUZZ build for a number of executions (default 10^7), as the
+# runs recorded in bench/README.md were made:  fuzz/run.sh BUILD_DIR TARGET [RUNS]
+# New inputs go to BUILD_DIR/fuzz-work/TARGET (the committed corpus is only read); libFuzzer's
+# log is BUILD_DIR/fuzz-logs/TARGET/fuzz-0.log (-jobs=1 runs the fuzzer in one child process).
+# Afterwards, fuzz/run.sh --merge BUILD_DIR TARGET minimizes the committed corpus together with
+# what the run found (-merge=1) into fuzz/corpus/TARGET.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+max_len() {
+  case "$1" in
+    config) echo 2048 ;;
+    trace) echo 4096 ;;
+    rest) echo 2048 ;;
+    agent_message) echo 4096 ;;
+    agent_frames) echo 4096 ;;
+    hints) echo 16384 ;;
+    *) echo 4096 ;;
+  esac
+}
+if [[ "${1:-}" == "--merge" ]]; then
+  build=$2 target=$3
+  fresh=$(mktemp -d)
+  "$build/fuzz/fuzz_$target" -merge=1 -max_len="$(max_len "$target")" "$fresh" \
+    "$here/corpus/$target" "$build/fuzz-work/$target"
+  # Inputs that once crashed the target stay, whatever coverage they add.
+  cp "$here/corpus/$target"/regression-* "$fresh/" 2>/dev/null || true
+  rm -rf "${here:?}/corpus/$target"
+  mkdir -p "$here/corpus/$target"
+  cp "$fresh"/* "$here/corpus/$target/"
+  rm -rf "$fresh"
+  exit 0
+fi
+build=$(cd "$1" && pwd) target=$2 runs=${3:-10000000}
+mkdir -p "$build/fuzz-work/$target" "$build/fuzz-logs/$target"
+dict=()
+[[ -f "$here/$target.dict" ]] && dict=(-dict="$here/$target.dict")
+cd "$build/fuzz-logs/$target"
+start=$(date +%s)
+set +e
+nice -n 19 "$build/fuzz/fuzz_$target" -runs="$runs" -max_len="$(max_len "$target")" -jobs=1 \
+  -print_final_stats=1 "${dict[@]}" "$build/fuzz-work/$target" "$here/corpus/$target" \
+  >run.log 2>&1
+rc=$?
+set -e
+echo "exit $rc, wall $(( $(date +%s) - start )) s" >>run.log
+exit $rc
