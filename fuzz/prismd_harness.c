@@ -94,7 +94,7 @@ static void hello(harness *h, prismd_stream *s, prismd_peer *peer, const char *j
     }
     uint8_t fp[32];
     for (size_t i = 0; i < sizeof fp; i++)
-        fp[i] = (uint8_t)(i * 7 + job[0]);
+        fp[i] = (uint8_t)(i * 7 + (unsigned char)job[0]);
     Prism__V1__ModelLayout layout = PRISM__V1__MODEL_LAYOUT__INIT;
     layout.fingerprint.data = fp;
     layout.fingerprint.len = sizeof fp;
