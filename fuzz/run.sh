@@ -20,9 +20,11 @@ max_len() {
   esac
 }
 if [[ "${1:-}" == "--merge" ]]; then
-  # The committed corpus is kept small: only inputs of at most MERGE_MAX_BYTES (default 1024)
-  # are candidates; -merge=1 keeps the fewest of them with all their coverage.
+  # The committed corpus is kept small: only inputs of at most MERGE_MAX_BYTES (default 512 for
+  # trace, whose short lines cover what long ones do, 1024 for the others) are candidates;
+  # -merge=1 keeps the fewest of them with all their coverage.
   build=$2 target=$3 cap=${MERGE_MAX_BYTES:-1024}
+  [[ -z "${MERGE_MAX_BYTES:-}" && "$target" == trace ]] && cap=512
   fresh=$(mktemp -d) candidates=$(mktemp -d)
   find "$here/corpus/$target" "$build/fuzz-work/$target" -type f -size -$((cap + 1))c \
     -exec cp {} "$candidates/" \;
