@@ -16,6 +16,12 @@
 
 static char dir[64], path[128];
 
+static void remove_dir(void)
+{
+    unlink(path);
+    rmdir(dir);
+}
+
 static void write_file(const uint8_t *data, size_t size)
 {
     if (!dir[0]) {
@@ -25,6 +31,7 @@ static void write_file(const uint8_t *data, size_t size)
                  stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp");
         FUZZ_CHECK(mkdtemp(dir) != NULL);
         snprintf(path, sizeof path, "%s/prism-hints", dir);
+        atexit(remove_dir);
     }
     unlink(path);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

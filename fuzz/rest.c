@@ -247,15 +247,27 @@ static void one_request(harness *h, prismd_rest *r, const char *req, size_t n)
     free(path);
 }
 
-static char data_dir[64];
+static char data_dir[64], telemetry_path[256];
 
-/* A data dir with a telemetry file for job "demo", made once. */
+static void remove_data_dir(void)
+{
+    char path[256];
+    unlink(telemetry_path);
+    snprintf(path, sizeof path, "%s/jobs/demo", data_dir);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/jobs", data_dir);
+    rmdir(path);
+    rmdir(data_dir);
+}
+
+/* A data dir with a telemetry file for job "demo", made once and removed at exit. */
 static void make_data_dir(void)
 {
     if (data_dir[0])
         return;
     snprintf(data_dir, sizeof data_dir, "/tmp/prism-fuzz-rest-XXXXXX");
     FUZZ_CHECK(mkdtemp(data_dir) != NULL);
+    atexit(remove_data_dir);
     char path[256];
     snprintf(path, sizeof path, "%s/jobs", data_dir);
     FUZZ_CHECK(mkdir(path, 0700) == 0);
@@ -264,9 +276,9 @@ static void make_data_dir(void)
     prism_config cfg;
     prism_error err;
     FUZZ_CHECK(prism_config_init(&cfg, &err) == PRISM_OK);
-    snprintf(path, sizeof path, "%s/jobs/demo/%s", data_dir, cfg.telemetry_file);
+    snprintf(telemetry_path, sizeof telemetry_path, "%s/jobs/demo/%s", data_dir, cfg.telemetry_file);
     prism_config_free(&cfg);
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(telemetry_path, "w");
     FUZZ_CHECK(f != NULL);
     for (int step = 1; step <= 5; step++)
         fprintf(f, "{\"step_id\":%d,\"map_version\":%d,\"blocks\":[]}\n", step, step);
