@@ -10,6 +10,9 @@ PACKAGES=(
   libgrpc-dev protobuf-compiler python3-grpcio python3-protobuf prometheus libcurl4-openssl-dev zlib1g-dev wrk openssl
   python3-numpy python3-torch
   libopenmpi-dev openmpi-bin
+  # The fuzz targets (fuzz/, -DPRISM_FUZZ=ON): clang, and libFuzzer, which is in clang's runtime
+  # package, only recommended by clang (and so not installed by --no-install-recommends).
+  clang libclang-rt-14-dev
 )
 
 die() {
