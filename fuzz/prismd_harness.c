@@ -25,6 +25,44 @@ void prismd_stream_send(prismd_stream *s, const uint8_t *data, size_t len)
     s->bytes += len;
 }
 
+/* A shared message: the harness's streams check and drop what they are sent at once, so the
+ * bytes need live only as long as the creator's reference. */
+struct prismd_message {
+    uint8_t *data;
+    size_t len;
+};
+
+prismd_message *prismd_message_create(const uint8_t *data, size_t len)
+{
+    prismd_message *m = malloc(sizeof *m);
+    FUZZ_CHECK(m != NULL);
+    m->data = malloc(len ? len : 1);
+    FUZZ_CHECK(m->data != NULL);
+    memcpy(m->data, data, len);
+    m->len = len;
+    return m;
+}
+
+void prismd_message_release(prismd_message *m)
+{
+    if (m) {
+        free(m->data);
+        free(m);
+    }
+}
+
+void prismd_stream_send_message(prismd_stream *s, prismd_message *m)
+{
+    prismd_stream_send(s, m->data, m->len);
+}
+
+void prismd_stream_end(prismd_stream *s, int code, const char *message)
+{
+    /* The jobs end a stream only with a status that says why. */
+    FUZZ_CHECK(code != 0 && message != NULL && message[0] != '\0');
+    s->ended = true;
+}
+
 void harness_init(harness *h)
 {
     /* The defaults, made once: prism_config_init is the dearest part of a fresh harness. */

@@ -14,6 +14,7 @@ struct prismd_stream {
     bool watch;          /* sends are PrecisionUpdates (Watch), else ServiceMessages (Connect) */
     size_t sends;
     size_t bytes;
+    bool ended;          /* prismd_stream_end was called (a replaced agent, a deleted job) */
 };
 
 #define HARNESS_ADMIN_TOKEN "admin-secret"
