@@ -22,11 +22,14 @@ Every map an agent saw (the Welcome's map and every PrecisionUpdate: job, map_ve
 decided_step and the precision of each block) is recorded; one version seen with two different
 maps is a failure at once.
 
-At the end, once every client is gone: /metrics and GET /v1/jobs must count no agent connected
-(waited for, bounded); then prismd is killed with SIGKILL, restarted on the same --data-dir, and
-for every job GetBlockMap and REST must show a map_version at least the highest any client saw,
-with the same precisions where it is that version, and exactly the map prismd served just before
-the kill. DESIGN 7: "a map is durable before it is sent", so nothing a client saw may be lost.
+At the end, once every client is gone: /metrics and GET /v1/jobs must count no agent connected,
+and prismd's sockets must be back to the start's and its other fds to the start's plus one
+telemetry file per job (both waited for, bounded); then prismd is killed with SIGKILL, restarted
+on the same --data-dir, and for every job GetBlockMap and REST must show a map_version at least
+the highest any client saw, with the same precisions where it is that version, and exactly the
+map prismd served just before the kill; earlier versions an agent saw are rebuilt from the
+per-block switch history where it still covers them. DESIGN 7: "a map is durable before it is
+sent", so nothing a client saw may be lost.
 
 "Flat after warm-up": the largest RSS, fd count and thread count of the last --judge-minutes
 minutes are compared with the largest of the warm-up (the minutes up to --warmup-minutes), with the
