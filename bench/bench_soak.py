@@ -85,12 +85,18 @@ def free_port():
 class Prismd:
     """The real prismd on loopback; restartable on the same data dir."""
 
-    def __init__(self, binary, workdir, config):
+    def __init__(self, binary, workdir, config, tokens):
         self.binary = binary
         self.dir = workdir
         self.config_path = os.path.join(workdir, "config.json")
         with open(self.config_path, "w") as f:
             json.dump(config, f)
+        # Every job's token provisioned, as a cluster deploys prismd (DESIGN 6): no trust on first
+        # use, and the jobs are not counted against the one address all these agents come from
+        # (--max-auto-jobs-per-peer counts the jobs an address auto-creates without one).
+        self.tokens_path = os.path.join(workdir, "tokens.json")
+        with open(self.tokens_path, "w") as f:
+            json.dump(tokens, f)
         self.proc = None
         self.grpc_addr = self.http_addr = None
 
@@ -101,7 +107,7 @@ class Prismd:
         self.proc = subprocess.Popen(
             [self.binary, "--grpc-listen", self.grpc_addr, "--http-listen", self.http_addr,
              "--data-dir", os.path.join(self.dir, "data"), "--config", self.config_path,
-             "--log-level", "warn"],
+             "--job-tokens-file", self.tokens_path, "--require-provisioned-tokens", "--log-level", "warn"],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill9(self):
@@ -871,8 +877,8 @@ def main():
         print("bench_soak: --config-extra: %r is not a JSON object" % args.config_extra, file=sys.stderr)
         return 2
     workdir = tempfile.mkdtemp(prefix="prism-soak-")
-    prismd = Prismd(args.prismd, workdir, config)
     soak = Soak(args, pb, grpc)
+    prismd = Prismd(args.prismd, workdir, config, soak.token)
     print("# prismd soak: %d jobs x %d ranks = %d agent slots, %d blocks, a step every %g s, agents live %d-%d "
           "steps; %d REST readers, %d SSE clients; %.1f minutes; %d online cores; config %s" %
           (args.jobs, args.ranks, args.jobs * args.ranks, args.blocks, args.step_s, args.min_steps,
