@@ -570,7 +570,8 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "no route for %.64s %.256s", method,
                     url);
     } else if (events_refused.body) {
-        reply = (prismd_reply){events_refused.status, events_refused.body, events_refused.content_type, NULL, 0, false};
+        reply = (prismd_reply){events_refused.status, events_refused.body, events_refused.content_type, NULL, 0, false,
+                               NULL};
     } else if (events_job[0]) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
     } else if (body && body->too_large) {

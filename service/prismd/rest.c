@@ -193,10 +193,7 @@ static ssize_t blocks_read(void *cls, char *buf, size_t max)
     size_t n = 0;
     while (n < max) {
         if (b->piece_pos < b->piece_len) {
-            size_t k = b->piece_len - b->piece_pos < max - n ? b->piece_len - b->piece_pos : max - n;
-            memcpy(buf + n, b->piece + b->piece_pos, k);
-            b->piece_pos += k;
-            n += k;
+            n = prismd_piece_copy(buf, n, max, b->piece, b->piece_len, &b->piece_pos);
             continue;
         }
         free(b->piece);
@@ -548,15 +545,9 @@ static ssize_t metrics_read(void *cls, char *buf, size_t max)
     size_t n = 0;
     while (n < max) {
         if (m->head_pos < m->head_len) {
-            size_t k = m->head_len - m->head_pos < max - n ? m->head_len - m->head_pos : max - n;
-            memcpy(buf + n, m->head + m->head_pos, k);
-            m->head_pos += k;
-            n += k;
+            n = prismd_piece_copy(buf, n, max, m->head, m->head_len, &m->head_pos);
         } else if (m->pending_pos < m->pending_len) {
-            size_t k = m->pending_len - m->pending_pos < max - n ? m->pending_len - m->pending_pos : max - n;
-            memcpy(buf + n, m->pending + m->pending_pos, k);
-            m->pending_pos += k;
-            n += k;
+            n = prismd_piece_copy(buf, n, max, m->pending, m->pending_len, &m->pending_pos);
         } else if (m->job < m->snap->njobs) {
             const prismd_snap_job *j = &m->snap->jobs[m->job];
             if (m->block >= j->nblocks) {

@@ -171,15 +171,20 @@ static bool next_record(prismd_telemetry_reader *r)
     return true;
 }
 
+size_t prismd_piece_copy(char *buf, size_t n, size_t max, const char *src, size_t len, size_t *pos)
+{
+    size_t k = len - *pos < max - n ? len - *pos : max - n;
+    memcpy(buf + n, src + *pos, k);
+    *pos += k;
+    return n + k;
+}
+
 ssize_t prismd_telemetry_reader_read(prismd_telemetry_reader *r, char *buf, size_t max)
 {
     size_t n = 0;
     while (n < max) {
         if (r->lit_pos < r->lit_len) {
-            size_t k = r->lit_len - r->lit_pos < max - n ? r->lit_len - r->lit_pos : max - n;
-            memcpy(buf + n, r->lit + r->lit_pos, k);
-            r->lit_pos += k;
-            n += k;
+            n = prismd_piece_copy(buf, n, max, r->lit, r->lit_len, &r->lit_pos);
         } else if (r->copy_end > r->off) {
             size_t want = (size_t)(r->copy_end - r->off) < max - n ? (size_t)(r->copy_end - r->off) : max - n;
             ssize_t got = pread(r->fds[r->cur], buf + n, want, r->off);

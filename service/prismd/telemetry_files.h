@@ -27,6 +27,11 @@ typedef struct prismd_telemetry_reader prismd_telemetry_reader;
 prismd_telemetry_reader *prismd_telemetry_reader_open(const char *path, size_t keep, const char *job_id,
                                                       uint64_t since, uint64_t limit, size_t max_bytes);
 
+/* The step every streamed answer (telemetry, large block maps, /metrics) takes: copies what is
+ * left of src (len bytes, *pos of them already given) into buf after its first n bytes, up to
+ * max; advances *pos and returns the new n. */
+size_t prismd_piece_copy(char *buf, size_t n, size_t max, const char *src, size_t len, size_t *pos);
+
 /* Up to max bytes of the answer into buf; 0 once it is all written, -1 on a read error. Memory
  * stays at one 64 KiB buffer whatever the sizes of the files and of their lines. */
 ssize_t prismd_telemetry_reader_read(prismd_telemetry_reader *r, char *buf, size_t max);
