@@ -1010,6 +1010,19 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
                          "only calibrate its own model)");
         return;
     }
+    /* The cache entry of a model belongs to the job that wrote it first: a job that claims
+     * another job's model in its Hello still cannot overwrite that job's errors. */
+    char owner[JOB_ID_MAX + 1];
+    if (j->store && job->fingerprint_len && c->n_errors &&
+        prismd_store_calibration_owner(j->store, job->fingerprint, job->fingerprint_len, owner, sizeof owner, &err) ==
+            1 &&
+        strcmp(owner, job->id) != 0) {
+        j->counters.calibrations_foreign++;
+        send_error(s, GRPC_STATUS_PERMISSION_DENIED,
+                   "calibration: the cached errors of this model were written by another job (a job may only "
+                   "calibrate its own model)");
+        return;
+    }
     uint32_t *ids = malloc((c->n_errors ? c->n_errors : 1) * sizeof *ids);
     double *errors = malloc((c->n_errors ? c->n_errors : 1) * sizeof *errors);
     if (!ids || !errors) {
@@ -1042,8 +1055,8 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     job->calibrated = true;
     /* Cached under the job's own fingerprint (the report's, when it names one, is the same). */
     if (j->store && job->fingerprint_len && c->n_errors &&
-        prismd_store_save_calibration(j->store, job->fingerprint, job->fingerprint_len, (prism_precision)c->format,
-                                      ids, errors, c->n_errors, &err))
+        prismd_store_save_calibration(j->store, job->fingerprint, job->fingerprint_len, job->id,
+                                      (prism_precision)c->format, ids, errors, c->n_errors, &err))
         prism_log(PRISM_LOG_ERROR, "cannot cache calibration errors", "job", job->id, LOG_END);
     free(ids);
     free(errors);

@@ -42,6 +42,7 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS calibration(fingerprint BLOB NOT NULL, format TEXT NOT NULL, block_id INTEGER NOT NULL,"
     " relative_error REAL NOT NULL, PRIMARY KEY(fingerprint, format, block_id));"
     "CREATE TABLE IF NOT EXISTS job_activity(job_id TEXT PRIMARY KEY, last_active_ms INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS calibration_owner(fingerprint BLOB PRIMARY KEY, job_id TEXT NOT NULL);"
     "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', '" SCHEMA_VERSION "');";
 
 static prism_status db_error(prismd_store *s, prism_error *err, const char *what)
@@ -467,10 +468,21 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
 }
 
 prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
-                                           prism_precision format, const uint32_t *block_ids, const double *errors,
-                                           size_t count, prism_error *err)
+                                           const char *job_id, prism_precision format, const uint32_t *block_ids,
+                                           const double *errors, size_t count, prism_error *err)
 {
     prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
+    sqlite3_stmt *own = NULL;
+    if (!rc && sqlite3_prepare_v2(s->db, "INSERT OR IGNORE INTO calibration_owner(fingerprint, job_id) VALUES(?, ?)",
+                                  -1, &own, NULL) != SQLITE_OK)
+        rc = db_error(s, err, "save calibration owner");
+    if (!rc) {
+        sqlite3_bind_blob(own, 1, fingerprint, (int)fingerprint_len, SQLITE_TRANSIENT);
+        sqlite3_bind_text(own, 2, job_id, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(own) != SQLITE_DONE)
+            rc = db_error(s, err, "save calibration owner");
+    }
+    sqlite3_finalize(own);
     for (size_t i = 0; !rc && i < count; i++) {
         sqlite3_stmt *st = s->save_calibration;
         sqlite3_reset(st);
@@ -488,6 +500,29 @@ prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *finge
     if ((rc = exec(s, "COMMIT", err)) && !sqlite3_get_autocommit(s->db))
         exec(s, "ROLLBACK", NULL);
     return rc;
+}
+
+int prismd_store_calibration_owner(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len, char *owner,
+                                   size_t owner_len, prism_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT job_id FROM calibration_owner WHERE fingerprint = ?", -1, &st, NULL) !=
+        SQLITE_OK) {
+        db_error(s, err, "load calibration owner");
+        return -1;
+    }
+    sqlite3_bind_blob(st, 1, fingerprint, (int)fingerprint_len, SQLITE_STATIC);
+    int found = 0;
+    int step = sqlite3_step(st);
+    if (step == SQLITE_ROW) {
+        snprintf(owner, owner_len, "%s", (const char *)sqlite3_column_text(st, 0));
+        found = 1;
+    } else if (step != SQLITE_DONE) {
+        db_error(s, err, "load calibration owner");
+        found = -1;
+    }
+    sqlite3_finalize(st);
+    return found;
 }
 
 long prismd_store_load_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
@@ -604,7 +639,8 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
 prism_status prismd_store_delete_job(prismd_store *s, const char *job_id, prism_error *err)
 {
     static const char *const sql[] = {"DELETE FROM switches WHERE job_id = ?", "DELETE FROM job_state WHERE job_id = ?",
-                                      "DELETE FROM job_activity WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"};
+                                      "DELETE FROM job_activity WHERE job_id = ?",
+                                      "DELETE FROM calibration_owner WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"};
     prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
     for (size_t i = 0; !rc && i < sizeof sql / sizeof sql[0]; i++) {
         sqlite3_stmt *st = NULL;

@@ -27,10 +27,17 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
                                      size_t change_count, const prism_summary *summary, prism_error *err);
 
-/* Calibration errors by model fingerprint (DESIGN 4.5). */
+/* Calibration errors by model fingerprint (DESIGN 4.5), written by job_id: the first job to
+ * write a fingerprint's errors owns that entry (until the job is deleted), in the same
+ * transaction as the errors. */
 prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,
-                                           prism_precision format, const uint32_t *block_ids, const double *errors,
-                                           size_t count, prism_error *err);
+                                           const char *job_id, prism_precision format, const uint32_t *block_ids,
+                                           const double *errors, size_t count, prism_error *err);
+
+/* The job that owns a fingerprint's cached errors: 1 with its id in owner (cut to owner_len), 0
+ * when no job does (nothing cached, or its writer was deleted), -1 on a store error. */
+int prismd_store_calibration_owner(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len, char *owner,
+                                   size_t owner_len, prism_error *err);
 
 /* Calls fn for each cached error of the fingerprint; returns how many there were (-1: error). */
 long prismd_store_load_calibration(prismd_store *s, const uint8_t *fingerprint, size_t fingerprint_len,

@@ -324,6 +324,27 @@ class CalibrationTest(Base):
         self.assertEqual(self.cached(w), [(pb.INT8, 0, 0.2), (pb.INT8, 1, 0.3)])
         self.assertEqual(metric(self.prismd, 'prism_calibration_reports_total{outcome="foreign_fingerprint"}'), 2)
 
+    def test_a_job_that_claims_another_model_cannot_overwrite_its_cache(self):
+        # The review's attack: job A registers V's fingerprint in its own Hello, so the report's
+        # fingerprint check passes; the entry belongs to V, which wrote it first.
+        fp_v = bytes(range(32))
+        v, _ = self.hello("job-v", "tok-v", fp_v)
+        v.send(calibration=pb.CalibrationReport(fingerprint=fp_v, format=pb.INT8, errors=errors((0, 0.01), (1, 0.05))))
+        wait_metric(self.prismd, 'prism_calibration_reports_total{outcome="accepted"}', 1)
+        a, w = self.hello("job-a", "tok-a", fp_v)
+        self.assertFalse(w.calibration_needed)
+        for fingerprint in (fp_v, b""):
+            a.send(calibration=pb.CalibrationReport(fingerprint=fingerprint, format=pb.INT8,
+                                                    errors=errors((0, 0.9), (1, 0.9))))
+            self.expect_error(a, grpc.StatusCode.PERMISSION_DENIED,
+                              "calibration: the cached errors of this model were written by another job")
+        # V itself may still update its entry, and a new job of V's model gets V's numbers.
+        v.send(calibration=pb.CalibrationReport(format=pb.INT8, errors=errors((1, 0.04))))
+        wait_metric(self.prismd, 'prism_calibration_reports_total{outcome="accepted"}', 2)
+        _, w = self.hello("job-v2", "tok-v2", fp_v)
+        self.assertEqual(self.cached(w), [(pb.INT8, 0, 0.01), (pb.INT8, 1, 0.04)])
+        self.assertEqual(metric(self.prismd, 'prism_calibration_reports_total{outcome="foreign_fingerprint"}'), 2)
+
     def test_a_refused_calibration_report_changes_nothing(self):
         fp = bytes(range(32))
         a, _ = self.hello("job-p", "tok-p", fp)

@@ -327,13 +327,21 @@ static void test_calibration_cache_returns_what_was_saved_for_the_fingerprint(vo
     const uint8_t fp_a[4] = {1, 2, 3, 4}, fp_b[4] = {1, 2, 3, 5};
     const uint32_t ids[2] = {7, 9};
     const double errors[2] = {0.125, 0.25};
-    CU_ASSERT_EQUAL(prismd_store_save_calibration(store, fp_a, 4, PRISM_PRECISION_FP8_E4M3, ids, errors, 2, &err),
+    char owner[32] = "";
+    CU_ASSERT_EQUAL(prismd_store_calibration_owner(store, fp_a, 4, owner, sizeof owner, &err), 0);
+    CU_ASSERT_EQUAL(prismd_store_save_calibration(store, fp_a, 4, "job-a", PRISM_PRECISION_FP8_E4M3, ids, errors, 2,
+                                                  &err),
                     PRISM_OK);
     const double again[1] = {0.5}; /* replaces block 7's error */
-    CU_ASSERT_EQUAL(prismd_store_save_calibration(store, fp_a, 4, PRISM_PRECISION_FP8_E4M3, ids, again, 1, &err),
+    CU_ASSERT_EQUAL(prismd_store_save_calibration(store, fp_a, 4, "job-a", PRISM_PRECISION_FP8_E4M3, ids, again, 1,
+                                                  &err),
                     PRISM_OK);
     prismd_store_close(store);
     store = prismd_store_open(dir, &err);
+    /* The first writer owns the entry, across a reopen; deleting that job releases it. */
+    CU_ASSERT_EQUAL(prismd_store_calibration_owner(store, fp_a, 4, owner, sizeof owner, &err), 1);
+    CU_ASSERT_STRING_EQUAL(owner, "job-a");
+    CU_ASSERT_EQUAL(prismd_store_calibration_owner(store, fp_b, 4, owner, sizeof owner, &err), 0);
     cal_seen seen = {0};
     CU_ASSERT_EQUAL(prismd_store_load_calibration(store, fp_a, 4, cal_collect, &seen, &err), 2);
     CU_ASSERT_EQUAL(seen.n, 2);
@@ -343,6 +351,10 @@ static void test_calibration_cache_returns_what_was_saved_for_the_fingerprint(vo
     }
     cal_seen none = {0};
     CU_ASSERT_EQUAL(prismd_store_load_calibration(store, fp_b, 4, cal_collect, &none, &err), 0);
+    CU_ASSERT_EQUAL(prismd_store_delete_job(store, "job-a", &err), PRISM_OK);
+    CU_ASSERT_EQUAL(prismd_store_calibration_owner(store, fp_a, 4, owner, sizeof owner, &err), 0);
+    cal_seen kept = {0}; /* the errors stay cached: the model's, not the job's */
+    CU_ASSERT_EQUAL(prismd_store_load_calibration(store, fp_a, 4, cal_collect, &kept, &err), 2);
     prismd_store_close(store);
 }
 
