@@ -142,7 +142,11 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     job->effective_step = saved->effective_step;
     job->has_summary = saved->has_summary;
     job->summary = saved->summary;
-    job->last_active_ms = job->saved_active_ms = wall_ms(); /* until the store says otherwise */
+    /* Idle from the restart until the store says otherwise; saved_active_ms 0 (never saved) makes
+     * housekeeping store this time once for a job that has no activity row yet (a schema-1 store),
+     * so its idle time counts across later restarts too. */
+    job->last_active_ms = wall_ms();
+    job->saved_active_ms = 0;
     prism_policy_progress progress;
     prism_policy_progress_get(job->policy, &progress);
     if (progress.has_last_step)

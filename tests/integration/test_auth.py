@@ -317,6 +317,27 @@ class AuthTest(unittest.TestCase):
         wait_for("job-old to expire after the restart", lambda: job_ids(self.prismd) == [])
         self.assertEqual(metric(self.prismd, 'prism_jobs_deleted_total{reason="idle"}'), 1)
 
+    def test_a_job_with_no_saved_activity_gets_it_saved_at_restart(self):
+        # A store from before job_activity (schema 1) has no row: the restart's time is saved
+        # once, so the idle time of a prismd restarted more often than the expiry still counts.
+        self.start("--job-idle-expiry", "0")
+        self.welcomed("job-old", "tok-o").close()
+        db = os.path.join(self.prismd.dir, "data", "prism.db")
+
+        def saved_activity():
+            with sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=WAIT_S) as c:
+                rows = c.execute("SELECT last_active_ms FROM job_activity WHERE job_id='job-old'").fetchall()
+            return rows[0][0] if rows else None
+        wait_for("the activity saved at disconnect", saved_activity)
+        self.prismd.kill()
+        with sqlite3.connect(db, timeout=WAIT_S) as c:
+            c.execute("DELETE FROM job_activity")
+        before = int(time.time() * 1000)
+        self.start("--job-idle-expiry", "30m", reuse=self.prismd)
+        wait_for("the restart's time saved for job-old", saved_activity)
+        self.assertGreaterEqual(saved_activity(), before)
+        self.assertEqual(job_ids(self.prismd), ["job-old"])
+
     # ---- item 11: one auth model ----
 
     def matrix(self, require_read):
