@@ -788,9 +788,12 @@ static bool readable(const char *path)
 }
 
 /* PATCH .../config naming a telemetry_file: the file must be one prismd can open for append in
- * the job's directory (created as a decision would create it; a file made only for this check is
- * removed again). The name's own rules are the policy core's (checked after this, on the policy
- * thread); a name it refuses is left to it. False with a 400 in a when the file cannot be used. */
+ * the job's directory. Checked without changing anything there (REST never touches what the
+ * policy thread writes, DESIGN 7): an existing file must be a regular file that opens for
+ * append; a missing one needs its nearest existing directory (the job's, DATA_DIR/jobs or the
+ * data directory) writable, where a decision will create it. The name's own rules are the policy
+ * core's (checked after this, on the policy thread); a name it refuses is left to it. False
+ * with a 400 in a when the file cannot be used. */
 static bool telemetry_file_usable(const prismd_rest *r, const char *job, const char *body, size_t body_len,
                                   prismd_answer *a)
 {
@@ -801,32 +804,38 @@ static bool telemetry_file_usable(const prismd_rest *r, const char *job, const c
         return true;
     }
     char path[4096];
-    int n = prismd_job_file(r->data_dir, "", "", path, sizeof path);
-    if (n > 0 && (size_t)n < sizeof path)
-        mkdir(path, 0750);
-    n = prismd_job_file(r->data_dir, job, "", path, sizeof path);
-    if (n > 0 && (size_t)n < sizeof path)
-        mkdir(path, 0750);
-    n = prismd_job_file(r->data_dir, job, name, path, sizeof path);
+    int n = prismd_job_file(r->data_dir, job, name, path, sizeof path);
     const char *why = NULL;
+    struct stat st;
     if (n < 0 || (size_t)n >= sizeof path) {
         why = "the path in the job's directory is too long";
-    } else {
-        int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
-        bool created = false;
-        if (fd < 0 && errno == ENOENT) {
-            fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-            created = fd >= 0;
-        }
-        struct stat st;
-        if (fd < 0)
-            why = strerror(errno);
-        else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    } else if (lstat(path, &st) == 0) {
+        int fd = S_ISREG(st.st_mode) ? open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
+        if (!S_ISREG(st.st_mode))
             why = "not a regular file";
+        else if (fd < 0)
+            why = strerror(errno);
         if (fd >= 0)
             close(fd);
-        if (created)
-            unlink(path);
+    } else if (errno != ENOENT) {
+        why = strerror(errno);
+    } else {
+        /* The nearest directory that exists: the job's, then DATA_DIR/jobs, then DATA_DIR. */
+        char dir[4096];
+        const char *const levels[][2] = {{job, ""}, {"", ""}};
+        bool found = false;
+        for (size_t i = 0; i < 2 && !found && !why; i++) {
+            n = prismd_job_file(r->data_dir, levels[i][0], levels[i][1], dir, sizeof dir);
+            if (n > 0 && (size_t)n < sizeof dir && stat(dir, &st) == 0) {
+                found = true;
+                if (!S_ISDIR(st.st_mode))
+                    why = "its directory is not a directory";
+                else if (access(dir, W_OK | X_OK) != 0)
+                    why = strerror(errno);
+            }
+        }
+        if (!found && !why && access(r->data_dir, W_OK | X_OK) != 0)
+            why = strerror(errno);
     }
     if (why)
         answer_error(a, 400, "invalid_argument", "telemetry_file: \"%.64s\" cannot be opened for append in job %s's "

@@ -162,6 +162,16 @@ class HttpInputTest(unittest.TestCase):
                 self.assertIn(why, error["message"])
         self.assertEqual(self.config()["telemetry_file"], before)
 
+    def test_a_fifo_as_telemetry_file_is_refused_without_blocking(self):
+        # Opening a FIFO for writing waits for a reader: the check must not open what is not a
+        # regular file (before, an HTTP thread hung there for good).
+        job_dir = os.path.join(self.prismd.dir, "data", "jobs", "job-i")
+        os.makedirs(job_dir, exist_ok=True)
+        os.mkfifo(os.path.join(job_dir, "a-fifo"))
+        error = self.assert_error(patch(b"/v1/jobs/job-i/config", b'{"telemetry_file": "a-fifo"}'),
+                                  400, "invalid_argument", "telemetry_file")
+        self.assertIn("not a regular file", error["message"])
+
     def test_a_usable_telemetry_file_is_taken_and_the_check_leaves_no_file(self):
         name = "t" * 255
         status, _, body = self.send(patch(b"/v1/jobs/job-i/config", json.dumps({"telemetry_file": name}).encode()))
