@@ -545,10 +545,13 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
     bool bad_path = path_problem != NULL;
     char events_job[160] = "";
     prismd_answer events_refused = {0};
-    if (!bad_path && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > 7 &&
-        strcmp(url + url_len - 7, "/events") == 0 && prismd_rest_allowed(url)) {
-        const char *id = url + strlen("/v1/jobs/");
-        snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - 7 - strlen("/v1/jobs/")), id);
+    /* GET /v1/jobs/JOB/events: a job id of at least one character and no '/' between the two. */
+    const size_t jobs_len = strlen("/v1/jobs/"), events_len = strlen("/events");
+    if (!bad_path && strcmp(method, MHD_HTTP_METHOD_GET) == 0 && url_len > jobs_len + events_len &&
+        strncmp(url, "/v1/jobs/", jobs_len) == 0 && strcmp(url + url_len - events_len, "/events") == 0 &&
+        !memchr(url + jobs_len, '/', url_len - jobs_len - events_len) && prismd_rest_allowed(url)) {
+        const char *id = url + jobs_len;
+        snprintf(events_job, sizeof events_job, "%.*s", (int)(url_len - events_len - jobs_len), id);
         enum MHD_Result result;
         if (open_events(h, conn, url, events_job, &started, &events_refused, &result))
             return result;

@@ -146,6 +146,13 @@ class HttpInputTest(unittest.TestCase):
         self.assertEqual(self.send(b"GET /healthz HTTP/2.0\r\nHost: x\r\nConnection: close\r\n\r\n")[0], 505)
         self.assertEqual(self.send(get(b"/" + b"a" * 200000))[0], 414)
 
+    def test_events_need_a_job_id_between_jobs_and_events(self):
+        # /v1/jobs/events is the job path of a job named "events" (GET there: 405, DELETE only),
+        # never an event stream; before, it read as the events of job "events" (a 404 here).
+        status, headers, _ = self.send(get(b"/v1/jobs/events"))
+        self.assertEqual((status, headers.get("allow")), (405, "DELETE"))
+        self.assert_error(get(b"/v1/jobs/job-i/x/events"), 404, "not_found")
+
     # ---- item 9: telemetry_file is checked when it is set ----
 
     def test_an_unusable_telemetry_file_is_refused_naming_the_key(self):
