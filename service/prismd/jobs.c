@@ -615,8 +615,8 @@ static bool remember_layout_block(prismd_job *job, uint32_t id, const char *name
 }
 
 /* Checks a Hello's layout whole before any of it is applied (a refused Hello changes nothing):
- * each block id once, the fingerprint's size, and the job's layout blocks, those it has and
- * the new ones, within max. job is NULL for a job the Hello would create. */
+ * each block id once, the fingerprint's size, and the job's blocks (from layouts and reports),
+ * those it has and the new ones, within max. job is NULL for a job the Hello would create. */
 static bool layout_fits(const prismd_job *job, const Prism__V1__ModelLayout *l, size_t max, prismd_status *end)
 {
     if (l->fingerprint.len > sizeof job->fingerprint)
@@ -635,12 +635,17 @@ static bool layout_fits(const prismd_job *job, const Prism__V1__ModelLayout *l, 
             ok = fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout.blocks[%zu].id: block %u appears twice", i, id);
         } else if (prism_idmap_put(&seen, id, 0)) {
             ok = fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        } else if (!job || prism_idmap_get(&job->name_ix, id) == PRISM_IDMAP_NONE) {
+        } else if (!job || (prism_idmap_get(&job->name_ix, id) == PRISM_IDMAP_NONE &&
+                            !prism_policy_find_block(job->policy, id))) {
             fresh++;
         }
     }
     prism_idmap_free(&seen);
-    size_t have = job ? job->nnames : 0;
+    /* The job's blocks: those of its layouts and those its reports brought (the policy's), the
+     * larger of the two counts. */
+    size_t have = 0;
+    if (job)
+        have = job->nnames > prism_policy_block_count(job->policy) ? job->nnames : prism_policy_block_count(job->policy);
     if (ok && have + fresh > max)
         ok = fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "hello.layout: %zu new blocks on the job's %zu would pass the limit of %zu", fresh, have, max);
