@@ -597,12 +597,23 @@ struct Pool {
             if (i >= r->blocks) {
                 if (!runs.empty() && runs.front() == r)
                     runs.pop_front();
-                continue;
+            } else {
+                g.unlock();
+                work(*r, i);
+                g.lock();
             }
-            g.unlock();
-            work(*r, i);
-            g.lock();
+            drop(std::move(r));
         }
+    }
+    /* A worker lets go of a run under lock(), where the launching thread last reads it (and
+     * writes its fault): when the worker's reference is the last, the run is freed after those
+     * accesses in an order ThreadSanitizer sees. GCC 12's shared_ptr frees on a last release
+     * that it detects with a double-word atomic load, which TSan does not take as the acquire it
+     * is, and reported the free as racing with the launcher's writes. */
+    static void drop(std::shared_ptr<Run> r)
+    {
+        std::lock_guard<std::mutex> g(lock());
+        r.reset();
     }
 };
 
