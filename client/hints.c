@@ -256,7 +256,9 @@ bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint6
 /* The slot rule of hints.h: an empty slot, else the lowest version that is neither applied nor
  * the newest. Without a consistent applied version (the trainer died mid-write) the slot in
  * effect at the trainer's last known step is unknown; the second newest is then kept too, which
- * with four slots still leaves one to write. */
+ * with four slots still leaves one to write. At most two slots are kept, so two remain to choose
+ * from: a corrupt table that holds the applied version in several slots keeps only the first of
+ * them (found by fuzzing: keeping them all left no slot, and the map went past the last one). */
 static unsigned choose_slot(const prism_hints *t)
 {
     const prism_hints_slot *slots = t->h->slots;
@@ -271,10 +273,16 @@ static unsigned choose_slot(const prism_hints *t)
         if (i != newest && (second == PRISM_HINTS_SLOTS || slots[i].map_version > slots[second].map_version))
             second = i;
     uint64_t applied;
-    bool known = prism_hints_read_applied(t, &applied, NULL);
+    unsigned kept = second;
+    if (prism_hints_read_applied(t, &applied, NULL)) {
+        kept = PRISM_HINTS_SLOTS;
+        for (unsigned i = 0; i < PRISM_HINTS_SLOTS && kept == PRISM_HINTS_SLOTS; i++)
+            if (i != newest && slots[i].map_version == applied)
+                kept = i;
+    }
     unsigned best = PRISM_HINTS_SLOTS;
     for (unsigned i = 0; i < PRISM_HINTS_SLOTS; i++) {
-        if (i == newest || (known ? slots[i].map_version == applied : i == second))
+        if (i == newest || i == kept)
             continue;
         if (best == PRISM_HINTS_SLOTS || slots[i].map_version < slots[best].map_version)
             best = i;

@@ -211,6 +211,40 @@ static void test_slot_reuse_keeps_the_applied_and_the_newest_map(void)
     prism_hints_close(&agent);
 }
 
+/* A corrupt table (found by fuzzing): three slots hold the version the trainer applied. The
+ * agent keeps one of them and the newest, writes the new map into a real slot, and the trainer
+ * reads it. */
+static void test_publish_into_a_table_with_duplicate_applied_versions(void)
+{
+    const char *path = table_path();
+    prism_hints agent, trainer;
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&agent, path, 2, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_hints_open(&trainer, path, &err), PRISM_OK);
+    const uint8_t m[2] = {1, 1};
+    for (uint64_t v = 1; v <= 4; v++)
+        publish_ok(&agent, v, v * 10, v * 10 + 1, m, 2);
+    agent.h->slots[0].map_version = 1;
+    agent.h->slots[1].map_version = 9;
+    agent.h->slots[2].map_version = 1;
+    agent.h->slots[3].map_version = 1;
+    prism_hints_write_applied(&trainer, 1, 11);
+    const uint8_t next[2] = {PRISM_PRECISION_INT4, PRISM_PRECISION_FP8_E4M3};
+    publish_ok(&agent, 10, 100, 101, next, 2);
+    CU_ASSERT_EQUAL(agent.h->slots[0].map_version, 1);
+    CU_ASSERT_EQUAL(agent.h->slots[1].map_version, 9);
+    CU_ASSERT_EQUAL(agent.h->slots[2].map_version, 10);
+    CU_ASSERT_EQUAL(agent.h->slots[3].map_version, 1);
+    prism_hints_view view;
+    uint8_t out[2];
+    CU_ASSERT_TRUE_FATAL(prism_hints_read(&trainer, 101, &view, out, 2, 4));
+    CU_ASSERT_EQUAL(view.map_version, 10);
+    CU_ASSERT_EQUAL(out[0], PRISM_PRECISION_INT4);
+    CU_ASSERT_EQUAL(out[1], PRISM_PRECISION_FP8_E4M3);
+    prism_hints_close(&trainer);
+    prism_hints_close(&agent);
+}
+
 static void test_applied_version_round_trips(void)
 {
     const char *path = table_path();
@@ -500,6 +534,7 @@ static const prism_test_case cases[] = {
     {"test_reader_switches_exactly_at_effective_step", test_reader_switches_exactly_at_effective_step},
     {"test_publish_refuses_old_versions_and_bad_maps_naming_them", test_publish_refuses_old_versions_and_bad_maps_naming_them},
     {"test_slot_reuse_keeps_the_applied_and_the_newest_map", test_slot_reuse_keeps_the_applied_and_the_newest_map},
+    {"test_publish_into_a_table_with_duplicate_applied_versions", test_publish_into_a_table_with_duplicate_applied_versions},
     {"test_applied_version_round_trips", test_applied_version_round_trips},
     {"test_status_and_runtime_hints_reach_the_reader", test_status_and_runtime_hints_reach_the_reader},
     {"test_open_refuses_other_files_naming_the_field", test_open_refuses_other_files_naming_the_field},
