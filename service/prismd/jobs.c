@@ -62,6 +62,8 @@ struct prismd_job {
     size_t nwatchers, cap_watchers;
     rank_ack *acks;         /* world_size entries */
     prism_idmap name_ix;    /* block id -> index in names */
+    prism_idmap block_ix;   /* every block id of the job: its layouts', its accepted reports', its
+                             * restored policy's; block_ix.count is what --max-blocks limits */
     char **names;           /* block names from the layouts of Hellos */
     size_t nnames, cap_names;
     bool hints_sent;        /* the hints last sent to an agent of the job */
@@ -128,6 +130,18 @@ static bool strings_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *da
     return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "%s: a string that is not UTF-8 or holds a NUL byte", path);
 }
 
+/* Whether id is one of the job's blocks (block_ix). */
+static bool job_has_block(const prismd_job *job, uint32_t id)
+{
+    return prism_idmap_get(&job->block_ix, id) != PRISM_IDMAP_NONE;
+}
+
+/* Makes id one of the job's blocks; false when memory runs out. */
+static bool job_add_block(prismd_job *job, uint32_t id)
+{
+    return job_has_block(job, id) || prism_idmap_put(&job->block_ix, id, 0) == PRISM_OK;
+}
+
 static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
                            prism_policy *policy, prismd_status *end);
 
@@ -147,6 +161,9 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
      * so its idle time counts across later restarts too. */
     job->last_active_ms = wall_ms();
     job->saved_active_ms = 0;
+    for (size_t i = 0; i < prism_policy_block_count(job->policy); i++)
+        if (!job_add_block(job, prism_policy_block(job->policy, i)->id))
+            return false;
     prism_policy_progress progress;
     prism_policy_progress_get(job->policy, &progress);
     if (progress.has_last_step)
@@ -199,6 +216,7 @@ static void job_free(prismd_job *job)
         free(job->names[i]);
     free(job->names);
     prism_idmap_free(&job->name_ix);
+    prism_idmap_free(&job->block_ix);
     if (job->telemetry)
         fclose(job->telemetry);
     prism_policy_destroy(job->policy);
@@ -294,6 +312,7 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     job->world_size = world_size;
     job->policy = policy;
     prism_idmap_init(&job->name_ix);
+    prism_idmap_init(&job->block_ix);
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
     job->acks = calloc(world_size, sizeof *job->acks);
     job->token = token && token[0] ? strdup(token) : NULL;
@@ -615,8 +634,8 @@ static bool remember_layout_block(prismd_job *job, uint32_t id, const char *name
 }
 
 /* Checks a Hello's layout whole before any of it is applied (a refused Hello changes nothing):
- * each block id once, the fingerprint's size, and the job's blocks (from layouts and reports),
- * those it has and the new ones, within max. job is NULL for a job the Hello would create. */
+ * each block id once, the fingerprint's size, and the job's blocks (block_ix: from layouts and
+ * reports together), those it has and the new ones, within max. job is NULL for a job the Hello would create. */
 static bool layout_fits(const prismd_job *job, const Prism__V1__ModelLayout *l, size_t max, prismd_status *end)
 {
     if (l->fingerprint.len > sizeof job->fingerprint)
@@ -635,17 +654,12 @@ static bool layout_fits(const prismd_job *job, const Prism__V1__ModelLayout *l, 
             ok = fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.layout.blocks[%zu].id: block %u appears twice", i, id);
         } else if (prism_idmap_put(&seen, id, 0)) {
             ok = fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        } else if (!job || (prism_idmap_get(&job->name_ix, id) == PRISM_IDMAP_NONE &&
-                            !prism_policy_find_block(job->policy, id))) {
+        } else if (!job || !job_has_block(job, id)) {
             fresh++;
         }
     }
     prism_idmap_free(&seen);
-    /* The job's blocks: those of its layouts and those its reports brought (the policy's), the
-     * larger of the two counts. */
-    size_t have = 0;
-    if (job)
-        have = job->nnames > prism_policy_block_count(job->policy) ? job->nnames : prism_policy_block_count(job->policy);
+    size_t have = job ? job->block_ix.count : 0;
     if (ok && have + fresh > max)
         ok = fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "hello.layout: %zu new blocks on the job's %zu would pass the limit of %zu", fresh, have, max);
@@ -733,7 +747,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         prism_error err;
         for (size_t i = 0; i < h->layout->n_blocks; i++) {
             const Prism__V1__BlockInfo *b = h->layout->blocks[i];
-            if (!remember_layout_block(job, b->id, b->name, j->limits.max_blocks))
+            if (!remember_layout_block(job, b->id, b->name, j->limits.max_blocks) || !job_add_block(job, b->id))
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: block %u: the job already has %zu "
                             "layout blocks, the limit", b->id, j->limits.max_blocks);
             if (prism_policy_set_block_bytes(job->policy, b->id, b->param_bytes_bf16, &err))
@@ -954,8 +968,28 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     bool has_loss = r->optional_loss_case == PRISM__V1__STEP_REPORT__OPTIONAL_LOSS_LOSS;
     prism_merge_outcome outcome;
     prism_error err;
-    prism_status st = prism_merger_add(job->merger, peer->rank, r->step, has_loss, has_loss ? r->loss : 0.0, blocks,
-                                       r->n_blocks, now_ms, &outcome, &err);
+    /* The ids the job does not have yet, each once: with the job's blocks from layouts and
+     * reports together, they must stay within --max-blocks (one count for both). */
+    prism_idmap fresh;
+    prism_idmap_init(&fresh);
+    prism_status st = PRISM_OK;
+    for (size_t i = 0; st == PRISM_OK && i < r->n_blocks; i++) {
+        uint32_t id = blocks[i].block_id;
+        if (!job_has_block(job, id) && prism_idmap_get(&fresh, id) == PRISM_IDMAP_NONE &&
+            prism_idmap_put(&fresh, id, 0))
+            st = prism_error_set(&err, PRISM_ERR_LIMIT, "out of memory");
+    }
+    if (st == PRISM_OK && job->block_ix.count + fresh.count > j->limits.max_blocks)
+        st = prism_error_set(&err, PRISM_ERR_LIMIT, "%zu new blocks on the job's %zu would pass the limit of %zu",
+                             fresh.count, job->block_ix.count, j->limits.max_blocks);
+    if (st == PRISM_OK)
+        st = prism_merger_add(job->merger, peer->rank, r->step, has_loss, has_loss ? r->loss : 0.0, blocks,
+                              r->n_blocks, now_ms, &outcome, &err);
+    if (st == PRISM_OK && outcome == PRISM_MERGE_ACCEPTED)
+        for (size_t i = 0; st == PRISM_OK && i < r->n_blocks; i++)
+            if (!job_add_block(job, blocks[i].block_id))
+                st = prism_error_set(&err, PRISM_ERR_LIMIT, "out of memory");
+    prism_idmap_free(&fresh);
     free(blocks);
     if (st) {
         j->counters.reports_rejected++;
@@ -998,7 +1032,7 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
                  c->n_errors, j->limits.max_blocks);
     for (size_t i = 0; !message[0] && i < c->n_errors; i++) {
         uint32_t id = c->errors[i]->block_id;
-        if (prism_idmap_get(&job->name_ix, id) == PRISM_IDMAP_NONE && !prism_policy_find_block(job->policy, id))
+        if (!job_has_block(job, id))
             snprintf(message, sizeof message, "calibration.errors[%zu]: block %u is in no layout or report of the job",
                      i, id);
     }

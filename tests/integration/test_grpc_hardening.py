@@ -276,6 +276,36 @@ class LayoutTest(Base):
         self.assertEqual(self.blocks_after_a_decision(d, 3, (3.0, 1.0, 0.1)),
                          [(0, "b.0"), (1, "b.1"), (2, "b.2")])
 
+    def report(self, agent, step, ids):
+        agent.send(step_report=pb.StepReport(step=step, blocks=[
+            pb.BlockGradStats(block_id=i, l2_norm=1.0, max_abs=1.0, numel=100) for i in ids]))
+
+    def test_layouts_and_reports_share_one_block_count(self):
+        # The review's gap: a layout of three blocks, then reports of three other ids, made six
+        # blocks under --max-blocks 3 (the merger counted reported ids on their own).
+        a = self.hello_with(0, 1, 2)
+        self.assertEqual(a.next().WhichOneof("kind"), "welcome")
+        self.report(a, 1, (5, 6, 6))
+        self.expect_error(a, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          "step_report 1: 2 new blocks on the job's 3 would pass the limit of 3")
+        # Known ids are still taken, on the same stream and at the same step.
+        self.report(a, 1, (0, 2))
+        wait_metric(self.prismd, 'prism_step_reports_total{outcome="accepted"}', 1)
+        self.assertEqual(metric(self.prismd, 'prism_step_reports_total{outcome="malformed"}'), 1)
+
+    def test_reports_count_against_a_later_layout(self):
+        # The other order: reported ids count when a layout comes after them.
+        a = self.agent()
+        a.send(hello=pb.Hello(job_id="job-l", rank=0, world_size=1, node="n"))
+        self.assertEqual(a.next().WhichOneof("kind"), "welcome")
+        self.report(a, 1, (7, 8))
+        wait_metric(self.prismd, 'prism_step_reports_total{outcome="accepted"}', 1)
+        b = self.hello_with(7, 9)
+        self.assertEqual(b.next().WhichOneof("kind"), "welcome")
+        c = self.hello_with(10)
+        self.assertEqual(c.status(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertEqual(c.done.details(), "hello.layout: 1 new blocks on the job's 3 would pass the limit of 3")
+
 
 def layout(fingerprint):
     return pb.ModelLayout(fingerprint=fingerprint, model_id="m", blocks=LAYOUT_BLOCKS)
