@@ -258,6 +258,11 @@ static prism_status set_max_streamed_answers(prismd_options *opts, const char *v
     return set_size(&opts->mem.max_streamed_answers, value, 1, 100000, err);
 }
 
+static prism_status set_max_metrics_streams(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.max_metrics_streams, value, 1, 1000, err);
+}
+
 /* The admin token is read from a file so that it never shows in a process list. */
 static prism_status set_admin_token_file(prismd_options *opts, const char *value, prism_error *err)
 {
@@ -508,6 +513,10 @@ static const prismd_option prismd_option_table[] = {
     {"max-streamed-answers", 0, "N", "16", set_max_streamed_answers,
      "answers streamed at once (telemetry; block maps of over 4096 blocks, each holding its snapshot); each "
      "holds 128 KiB besides; one more gets 503"},
+    {"max-metrics-streams", 0, "N", "8", set_max_metrics_streams,
+     "/metrics answers streamed at once when the jobs hold over 4096 blocks (each holding its snapshot), apart "
+     "from --max-streamed-answers so that REST clients cannot keep monitoring out; one more gets 503 and "
+     "Prometheus scrapes again at its next interval"},
     {"auto-create", 0, "true|false", "true", set_auto_create,
      "a Hello for an unknown job creates it, keeping the Hello's bearer token as the job's "
      "token; false: NOT_FOUND"},

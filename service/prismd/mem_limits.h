@@ -13,6 +13,7 @@
 typedef struct prismd_memory_limits {
     size_t telemetry_answer_bytes;    /* GET .../telemetry: record bytes one answer returns at most */
     size_t max_streamed_answers;      /* answers streamed from files or large maps at once */
+    size_t max_metrics_streams;       /* /metrics answers streamed at once (a pool of their own) */
     size_t total_stream_buffer_bytes; /* unsent gRPC bytes over all calls (queues, GetBlockMap answers) */
     size_t max_auto_jobs_per_peer;    /* jobs a client address may auto-create (0: no limit) */
     size_t telemetry_max_bytes;       /* a job's telemetry file is rotated past this (0: never) */
@@ -24,6 +25,8 @@ typedef struct prismd_limit_counters {
     atomic_ullong telemetry_answers_truncated; /* answers cut at telemetry_answer_bytes */
     atomic_ullong streamed_answers_refused;    /* 503s past max_streamed_answers */
     atomic_ullong streamed_answers_active;     /* gauge */
+    atomic_ullong metrics_streams_refused;     /* 503s past max_metrics_streams */
+    atomic_ullong metrics_streams_active;      /* gauge */
     atomic_ullong streams_cut_stream_buffer;   /* gRPC streams ended past --stream-buffer-bytes */
     atomic_ullong streams_cut_total_buffer;    /* ... past --total-stream-buffer-bytes */
     atomic_ullong stream_buffer_bytes;         /* gauge: unsent bytes over all streams */
@@ -37,5 +40,10 @@ extern prismd_limit_counters prismd_limits;
 /* Takes one of max_streamed_answers slots; false (and counted) when all are taken. */
 bool prismd_streamed_answer_acquire(const prismd_memory_limits *m);
 void prismd_streamed_answer_release(void);
+
+/* The same for a streamed /metrics answer, from max_metrics_streams: a pool of its own, so that
+ * REST clients holding every streamed answer cannot keep monitoring out. */
+bool prismd_metrics_stream_acquire(const prismd_memory_limits *m);
+void prismd_metrics_stream_release(void);
 
 #endif

@@ -508,6 +508,12 @@ static void limits_metrics(text *t)
            "HTTP answers refused with 503 past --max-streamed-answers.");
     add(t, "prism_streamed_answers_refused_total %llu\n",
         (unsigned long long)atomic_load(&c->streamed_answers_refused));
+    family(t, "prism_metrics_streams", "gauge",
+           "/metrics answers of over 4096 blocks being streamed now (this one not counted).");
+    add(t, "prism_metrics_streams %llu\n", (unsigned long long)atomic_load(&c->metrics_streams_active));
+    family(t, "prism_metrics_streams_refused_total", "counter",
+           "/metrics answers refused with 503 past --max-metrics-streams.");
+    add(t, "prism_metrics_streams_refused_total %llu\n", (unsigned long long)atomic_load(&c->metrics_streams_refused));
 }
 
 /* The per-block family of /metrics: one sample per scored block of every job. */
@@ -528,7 +534,9 @@ static bool block_sample(char *out, size_t len, const prismd_snap_job *j, size_t
 /* /metrics when the jobs hold more than PRISMD_BLOCKS_CACHED_MAX blocks: every other family
  * made whole (their size does not grow with blocks), then the per-block samples written a line
  * at a time from the snapshot the answer holds, so that an answer of millions of samples holds
- * one line of them. Not one of --max-streamed-answers: monitoring is never refused. */
+ * one line of them. Each holds its snapshot for as long as its client reads, so at most
+ * --max-metrics-streams are streamed at once (a pool apart from --max-streamed-answers, which
+ * REST clients can fill); one more gets 503 and Prometheus scrapes again at its next interval. */
 typedef struct metrics_stream {
     prismd_snapshot *snap;
     char *head;                 /* the other families */
@@ -571,9 +579,10 @@ static void metrics_done(void *cls)
     prismd_snapshot_release(m->snap);
     free(m->head);
     free(m);
+    prismd_metrics_stream_release();
 }
 
-static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
+static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, prismd_answer *a)
 {
     text t = {0};
     family(&t, "prism_jobs", "gauge", "Jobs held by this prismd.");
@@ -718,8 +727,15 @@ static void get_metrics(const prismd_snapshot *snap, prismd_answer *a)
         a->body = t.data;
         return;
     }
+    if (!prismd_metrics_stream_acquire(rest->mem)) {
+        free(t.data);
+        answer_error(a, 503, "unavailable", "%zu /metrics answers of over %d blocks are being sent, the limit "
+                     "(--max-metrics-streams); try again", rest->mem->max_metrics_streams, PRISMD_BLOCKS_CACHED_MAX);
+        return;
+    }
     metrics_stream *m = calloc(1, sizeof *m);
     if (!m) {
+        prismd_metrics_stream_release();
         free(t.data);
         answer_error(a, 500, "internal", "out of memory");
         return;
@@ -960,7 +976,7 @@ bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_
     char job_id[160];
     const char *rest = "";
     if (strcmp(path, "/metrics") == 0) {
-        get_metrics(snap, a);
+        get_metrics(r, snap, a);
     } else if (strcmp(path, "/v1/jobs") == 0) {
         get_jobs(r, snap, auth, a);
     } else {

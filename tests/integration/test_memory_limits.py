@@ -247,6 +247,55 @@ class MemoryLimitsTest(unittest.TestCase):
                                        if line.startswith("prism_block_sensitivity{")])
         a.close()
 
+    def test_streamed_metrics_answers_are_a_bounded_pool_of_their_own(self):
+        # The review's gap: each streamed /metrics answer holds its snapshot for as long as its
+        # client reads, and no limit counted them. 100,000 blocks make /metrics ~7.8 MB, more
+        # than loopback buffers, so an answer whose client does not read stays in flight.
+        p = self.start("--max-metrics-streams", "2", "--max-streamed-answers", "1")
+        a, _ = self.flipping_job("job-s", 100000)
+        p.json_until("/v1/jobs", lambda d: d["jobs"][0]["map_version"] == 1)
+        host, port = p.http_addr.rsplit(":", 1)
+        stalled = []
+        refused = 0
+        try:
+            for _ in range(2):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+                s.connect((host, int(port)))
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                stalled.append(s)
+            answer = {}
+
+            def third_refused():
+                nonlocal refused
+                answer["last"] = p.http("/metrics")
+                if answer["last"][0] != 503:
+                    return False
+                refused += 1
+                return True
+            wait_for("both stalled /metrics answers to be in flight", third_refused)
+            doc = json.loads(answer["last"][1])
+            self.assertEqual(doc["error"], {"code": "unavailable", "message":
+                             "2 /metrics answers of over 4096 blocks are being sent, the limit "
+                             "(--max-metrics-streams); try again"})
+            # The REST pool is apart: its one slot still serves a large block map.
+            status, body = p.http("/v1/jobs/job-s/blocks")
+            self.assertEqual((status, len(json.loads(body)["blocks"])), (200, 100000))
+        finally:
+            for s in stalled:
+                s.close()
+        # Once their clients are gone, the slots are free again, and the refusals were counted.
+        def freed():
+            r = p.http("/metrics")
+            if r[0] == 503:
+                nonlocal refused
+                refused += 1
+            return r if r[0] == 200 and "\nprism_metrics_streams 0\n" in r[1] else None
+        status, text = wait_for("both slots to be free", freed)
+        self.assertIn("\nprism_metrics_streams_refused_total %d\n" % refused, text)
+        self.assertIn("\nprism_streamed_answers_refused_total 0\n", text)
+        a.close()
+
     # ---- GET /telemetry: streamed, capped, a bounded number at once -------------------------------
 
     def test_telemetry_answers_stream_in_bounded_memory(self):
