@@ -10,8 +10,8 @@ Each test reproduces one finding of the attack on prismd and checks its fix:
 - a calibration report is validated whole and applied whole;
 - a restart (kill -9) serves the same scores and telemetry summary as before it.
 
-prismd is started as test_grpc.py starts it (its Prismd and Agent helpers). Every wait is bounded
-and no test asserts a duration."""
+prismd is started as test_grpc.py starts it (its Prismd and Agent helpers). Every wait is for an
+event, bounded in count and time."""
 
 import json
 import os
@@ -465,8 +465,8 @@ class RestartTest(Base):
         db.execute("INSERT INTO job_state VALUES('job-old', 1, 6, 7, 6, 1, 6, ?)", (blob,))
         db.commit()
         db.close()
-        stub = type("Stopped", (), {"dir": d})()
-        self.prismd = tg.Prismd(reuse=stub)
+        stopped = type("Stopped", (), {"dir": d})()
+        self.prismd = tg.Prismd(reuse=stopped)
         doc = self.prismd.json_until("/v1/jobs/job-old/blocks", lambda d: True)
         self.assertEqual((doc["step"], doc["map_version"], doc["telemetry"]), (6, 1, None))
         self.assertEqual([(b["id"], b["precision"], b["sensitivity"], b["last_switch_step"]) for b in doc["blocks"]],
