@@ -13,7 +13,14 @@ PACKAGES=(
   # The fuzz targets (fuzz/, -DPRISM_FUZZ=ON): clang, and libFuzzer, which is in clang's runtime
   # package, only recommended by clang (and so not installed by --no-install-recommends).
   clang libclang-rt-14-dev
+  # The dashboard's browser tests (web/): Debian's Chromium, driven by playwright-core from npm.
+  chromium
 )
+# Node.js and npm build the dashboard (web/) and run the OpenAPI validator and the browser tests.
+# Debian's when there is none; a Node.js from elsewhere (NodeSource ships npm inside its nodejs
+# package) is kept as it is.
+command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 
 die() {
   echo "install-deps: $*" >&2
@@ -33,8 +40,28 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
+# The dashboard's npm packages, exactly as web/package-lock.json pins them, whenever the lockfile
+# changed since the last `npm ci` (npm's registry is the only network this needs).
+npm_ci() {
+  local web lock stamp want
+  web="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/web"
+  lock="$web/package-lock.json" stamp="$web/node_modules/.prism-lock.sha256"
+  want=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "install-deps: web/node_modules matches web/package-lock.json"
+    return 0
+  fi
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]')
+  ((major >= 18)) || die "Node.js $(node --version) is too old for the dashboard; 18 or newer is needed"
+  echo "install-deps: npm ci in web/"
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in web/ failed"
+  echo "$want" >"$stamp"
+}
+
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#PACKAGES[@]} packages are installed"
+  npm_ci
   exit 0
 fi
 
@@ -58,4 +85,5 @@ if [[ " ${missing[*]} " == *" prometheus "* ]] && [[ -d /run/systemd/system ]] &
   echo "install-deps: stopping the prometheus service the package started (only promtool is used)"
   "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
+npm_ci
 echo "install-deps: done"
