@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs one fuzz target of a PRISM_FUZZ build for a number of executions (default 10^7), as the
 # runs recorded in bench/README.md were made:  fuzz/run.sh BUILD_DIR TARGET [RUNS [SECONDS]]
-# (SECONDS: stop there if RUNS are not done by then; 0 or none: no limit).
+# (SECONDS: stop there if RUNS are not done by then; 0 or none: no limit; FUZZ_NICE: its nice
+# level, 19 unless set).
 # New inputs go to BUILD_DIR/fuzz-work/TARGET (the committed corpus is only read); libFuzzer's
 # log is BUILD_DIR/fuzz-logs/TARGET/fuzz-0.log (-jobs=1 runs the fuzzer in one child process).
 # Afterwards, fuzz/run.sh --merge BUILD_DIR TARGET minimizes the committed corpus together with
@@ -47,7 +48,7 @@ dict=()
 cd "$build/fuzz-logs/$target"
 start=$(date +%s)
 set +e
-nice -n 19 "$build/fuzz/fuzz_$target" -runs="$runs" -max_total_time="$seconds" -max_len="$(max_len "$target")" -jobs=1 \
+nice -n "${FUZZ_NICE:-19}" "$build/fuzz/fuzz_$target" -runs="$runs" -max_total_time="$seconds" -max_len="$(max_len "$target")" -jobs=1 \
   -print_final_stats=1 "${dict[@]}" "$build/fuzz-work/$target" "$here/corpus/$target" \
   >run.log 2>&1
 rc=$?
