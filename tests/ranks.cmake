@@ -13,3 +13,7 @@ set_tests_properties(test_ranks PROPERTIES ENVIRONMENT "${PRISM_RANKS_TEST_ENV}"
 # The rank facts' helpers (lagging, acked_current_map, bounded text), in process.
 prism_test(test_rank_facts SOURCES unit/test_rank_facts.c ${PROJECT_SOURCE_DIR}/service/prismd/snapshot.c
            LIBS prism_store Threads::Threads)
+
+# The trainer-side counters libprism publishes in the hint table for prism-agent, in process.
+prism_test(test_trainer_counters SOURCES unit/test_trainer_counters.c
+           LIBS prism_client prism_hints prism_proto prism_kernels_cpu)
