@@ -330,7 +330,8 @@ static prismd_rank_facts *rank_add(prismd_job *job, uint32_t rank)
 }
 
 /* What a Hello says of its rank: node and DeviceProfile, replacing the previous Hello's (the
- * other facts stay). false, with nothing changed, when memory runs out. */
+ * other facts stay). false when memory runs out: the rank's facts are then as they were, or
+ * a new entry with every fact unknown. */
 static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
 {
     prismd_rank_facts *f = rank_add(job, h->rank);
