@@ -82,6 +82,9 @@ typedef struct agent_stats {
     _Atomic uint64_t trainer_frames;          /* frames read */
     _Atomic uint64_t trainer_frames_rejected; /* frames that closed their connection */
     _Atomic uint64_t ready;                   /* gauge: hint table open and socket listening */
+    _Atomic uint64_t trainer_counters_known;  /* the trainer published the two below */
+    _Atomic uint64_t trainer_reports_dropped; /* the trainer's, from the hint table */
+    _Atomic uint64_t trainer_late_switches;
 } agent_stats;
 
 /* One frame from the trainer, for the upstream thread: a serialized AgentMessage and its kind. */

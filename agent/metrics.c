@@ -101,6 +101,14 @@ static char *render(agent *a, size_t *len)
     one(f, "prism_agent_trainer_map_version", "gauge", "map version the trainer says it uses",
         get(&s->applied_version));
     one(f, "prism_agent_trainer_map_step", "gauge", "step the trainer started using it at", get(&s->applied_step));
+    if (get(&s->trainer_counters_known)) { /* shown once the trainer published them */
+        one(f, "prism_agent_trainer_reports_dropped_total", "counter",
+            "step reports the trainer's libprism could not send to this agent (from the hint table)",
+            get(&s->trainer_reports_dropped));
+        one(f, "prism_agent_trainer_late_switches_total", "counter",
+            "maps the trainer first used after their effective step (from the hint table)",
+            get(&s->trainer_late_switches));
+    }
     one(f, "prism_agent_last_step", "gauge", "step of the last report from the trainer", get(&s->last_step));
     one(f, "prism_agent_trainer_connections", "gauge", "trainer connections open", get(&s->trainer_connected));
     one(f, "prism_agent_trainer_connections_total", "counter", "trainer connections accepted",

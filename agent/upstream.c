@@ -86,6 +86,8 @@ struct upstream {
     uint32_t map_blocks;
     uint64_t map_version;
     uint64_t acked_version, acked_step;
+    bool counters_sent;         /* this stream's last Heartbeat carried the counters below */
+    uint64_t sent_dropped, sent_late;
     int64_t last_send_ms;
     uint64_t last_step;
     char details[256];
@@ -402,6 +404,7 @@ static void on_welcome(upstream *u, stream *s, const Prism__V1__Welcome *w)
     if (w->hints)
         apply_runtime(u, w->hints);
     u->acked_version = u->acked_step = 0; /* this stream has not heard what the trainer applied */
+    u->counters_sent = false;
     prism_log(PRISM_LOG_INFO, "connected to prismd", "target", a->opts.prismd, "calibration_needed",
               w->calibration_needed ? "true" : "false", LOG_END);
 }
@@ -474,6 +477,34 @@ static void send_ack(upstream *u)
     u->acked_step = step;
 }
 
+/* The trainer's counters from the hint table, kept for /metrics; false when it published none.
+ * When the trainer is mid-write, the values read last. */
+static bool read_trainer_counters(upstream *u, uint64_t *dropped, uint64_t *late)
+{
+    agent_stats *st = &u->a->stats;
+    if (prism_hints_read_counters(&u->a->hints, dropped, late)) {
+        atomic_store_explicit(&st->trainer_reports_dropped, *dropped, memory_order_relaxed);
+        atomic_store_explicit(&st->trainer_late_switches, *late, memory_order_relaxed);
+        atomic_store_explicit(&st->trainer_counters_known, 1, memory_order_relaxed);
+        return true;
+    }
+    if (!atomic_load_explicit(&st->trainer_counters_known, memory_order_relaxed))
+        return false;
+    *dropped = atomic_load_explicit(&st->trainer_reports_dropped, memory_order_relaxed);
+    *late = atomic_load_explicit(&st->trainer_late_switches, memory_order_relaxed);
+    return true;
+}
+
+/* Whether the trainer's counters moved since this stream's last Heartbeat carried them: then a
+ * Heartbeat goes at once rather than after --heartbeat-ms of quiet. */
+static bool trainer_counters_moved(upstream *u)
+{
+    uint64_t dropped, late;
+    return read_trainer_counters(u, &dropped, &late) &&
+           (!u->counters_sent || dropped != u->sent_dropped || late != u->sent_late);
+}
+
+/* A Heartbeat, with the trainer's counters when the agent knows them (DESIGN 12). */
 static void send_heartbeat(upstream *u)
 {
     struct timespec ts;
@@ -481,6 +512,18 @@ static void send_heartbeat(upstream *u)
     Prism__V1__Heartbeat hb = PRISM__V1__HEARTBEAT__INIT;
     hb.unix_time_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
     hb.last_step = u->last_step;
+    uint64_t dropped, late;
+    if (read_trainer_counters(u, &dropped, &late)) {
+        hb.optional_trainer_reports_dropped_case =
+            PRISM__V1__HEARTBEAT__OPTIONAL_TRAINER_REPORTS_DROPPED_TRAINER_REPORTS_DROPPED;
+        hb.trainer_reports_dropped = dropped;
+        hb.optional_trainer_late_switches_case =
+            PRISM__V1__HEARTBEAT__OPTIONAL_TRAINER_LATE_SWITCHES_TRAINER_LATE_SWITCHES;
+        hb.trainer_late_switches = late;
+        u->counters_sent = true;
+        u->sent_dropped = dropped;
+        u->sent_late = late;
+    }
     Prism__V1__AgentMessage m = PRISM__V1__AGENT_MESSAGE__INIT;
     m.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_HEARTBEAT;
     m.heartbeat = &hb;
@@ -722,7 +765,7 @@ static void *upstream_thread(void *arg)
         stream *s = u->live;
         if (s && s->welcomed && !s->cancelled) {
             send_ack(u);
-            if (now_ms() - u->last_send_ms >= (int64_t)a->opts.heartbeat_ms) {
+            if (now_ms() - u->last_send_ms >= (int64_t)a->opts.heartbeat_ms || trainer_counters_moved(u)) {
                 send_heartbeat(u);
                 u->last_send_ms = now_ms();
             }

@@ -78,6 +78,8 @@ struct prism_client {
     bool stepped;              /* begin_step ran at least once */
     uint64_t last_step;
     bool applied_written;      /* the version in view was written back to this table */
+    bool counters_written;     /* the counters below were published in this table */
+    uint64_t written_dropped, written_late;
 
     prism_client_counters n;
     char last_error[sizeof ((prism_error *)0)->message];
@@ -291,6 +293,7 @@ static bool open_hints(prism_client *c)
         return false;
     }
     c->applied_written = false;
+    c->counters_written = false;
     return true;
 }
 
@@ -583,8 +586,23 @@ static void free_arrays(prism_client *c)
     free(c->hello), c->hello = NULL;
 }
 
-/* Reads the table into prec_next and, on success, makes it the map in use. */
-static uint64_t read_map(prism_client *c, uint64_t step)
+/* Publishes the counters the agent exports (DESIGN 12) in the table when they changed since
+ * they were last written there. */
+static void publish_counters(prism_client *c)
+{
+    if (!c->hints.h || (c->counters_written && c->written_dropped == c->n.reports_dropped &&
+                        c->written_late == c->n.late_switches))
+        return;
+    prism_hints_write_counters(&c->hints, c->n.reports_dropped, c->n.late_switches);
+    c->counters_written = true;
+    c->written_dropped = c->n.reports_dropped;
+    c->written_late = c->n.late_switches;
+}
+
+/* Reads the table into prec_next and, on success, makes it the map in use. prev: the step of
+ * the previous begin_step (NULL: none), for counting a newer map that arrived after its
+ * effective step had begun as a late switch. */
+static uint64_t read_map(prism_client *c, uint64_t step, const uint64_t *prev)
 {
     prism_hints_view v;
     if (!prism_hints_read(&c->hints, step, &v, c->prec_next, c->registered ? c->n_blocks : 0, HINT_READ_TRIES)) {
@@ -596,6 +614,8 @@ static uint64_t read_map(prism_client *c, uint64_t step)
     c->prec = c->prec_next;
     c->prec_next = t;
     bool changed = v.map_version != c->view.map_version;
+    if (v.map_version > c->view.map_version && prev && *prev >= v.effective_step)
+        c->n.late_switches++;
     c->view = v;
     if (changed || !c->applied_written) {
         prism_hints_write_applied(&c->hints, v.map_version, step);
@@ -650,7 +670,7 @@ prism_status prism_client_register(prism_client *c, const prism_model_layout *la
     c->n_blocks = n;
     c->registered = true;
     if (c->stepped && c->hints.h)
-        read_map(c, c->last_step); /* the copy so far had no room for the blocks */
+        read_map(c, c->last_step, NULL); /* the copy so far had no room for the blocks */
     if (ensure_connected(c))
         flush_pending(c);
     return PRISM_OK;
@@ -874,6 +894,8 @@ uint64_t prism_client_begin_step(prism_client *c, uint64_t step)
     if (!c)
         return 0;
     poll_extension(c);
+    bool had_step = c->stepped;
+    uint64_t prev = c->last_step;
     c->stepped = true;
     c->last_step = step;
     if (!c->hints.h) {
@@ -885,7 +907,9 @@ uint64_t prism_client_begin_step(prism_client *c, uint64_t step)
             return c->view.map_version;
         }
     }
-    return read_map(c, step);
+    uint64_t version = read_map(c, step, had_step ? &prev : NULL);
+    publish_counters(c);
+    return version;
 }
 
 prism_precision prism_client_block_precision(const prism_client *c, uint32_t block)

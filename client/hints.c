@@ -253,6 +253,27 @@ bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint6
     return false;
 }
 
+bool prism_hints_read_counters(const prism_hints *t, uint64_t *reports_dropped, uint64_t *late_switches)
+{
+    if (!t || !t->h)
+        return false;
+    const prism_hints_header *h = t->h;
+    for (unsigned i = 0; i < 64; i++) {
+        uint64_t start = read_begin(&h->applied_seq);
+        if (start == UINT64_MAX)
+            continue;
+        uint64_t published = h->counters_published, dropped = h->reports_dropped, late = h->late_switches;
+        if (read_end(&h->applied_seq, start)) {
+            if (!published)
+                return false;
+            *reports_dropped = dropped;
+            *late_switches = late;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The slot rule of hints.h: an empty slot, else the lowest version that is neither applied nor
  * the newest. Without a consistent applied version (the trainer died mid-write) the slot in
  * effect at the trainer's last known step is unknown; the second newest is then kept too, which
@@ -418,5 +439,17 @@ void prism_hints_write_applied(prism_hints *t, uint64_t map_version, uint64_t st
     h->applied_version = map_version;
     h->applied_step = step;
     h->trainer_pid = (uint64_t)getpid();
+    write_end(&h->applied_seq);
+}
+
+void prism_hints_write_counters(prism_hints *t, uint64_t reports_dropped, uint64_t late_switches)
+{
+    if (!t || !t->h)
+        return;
+    prism_hints_header *h = t->h;
+    write_begin(&h->applied_seq);
+    h->counters_published = 1;
+    h->reports_dropped = reports_dropped;
+    h->late_switches = late_switches;
     write_end(&h->applied_seq);
 }

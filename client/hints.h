@@ -23,6 +23,10 @@
  *
  * The trainer writes back, in its own cache line and under its own small seqlock (`applied_seq`),
  * the map version it applied and the step it applied it at; the agent reads them to send Ack.
+ * Under the same seqlock it publishes its counters (reports dropped, late switches), which the
+ * agent exports on /metrics and sends to prismd in its Heartbeat. These fields came after
+ * layout version 1's first files, in bytes that were zero: an older trainer leaves them zero,
+ * which reads as "not published".
  *
  * One trainer per agent (the sidecar model). The file outlives the agent: a restarted agent finds
  * it, keeps the maps in it (fail-static), makes an odd `seq` even, and bumps `generation`. A file
@@ -86,6 +90,12 @@ typedef struct prism_hints_header {
     uint64_t applied_version;     /* map_version the trainer uses */
     uint64_t applied_step;        /* the step it started using it at */
     uint64_t trainer_pid;
+    /* The trainer-side counters of DESIGN 12 (prism_client_counters), totals since its client
+     * opened, also under applied_seq. counters_published is 0 until a trainer writes them (a
+     * trainer of an older libprism never does: the agent then does not know them). */
+    uint64_t counters_published;
+    uint64_t reports_dropped;
+    uint64_t late_switches;
 } prism_hints_header;
 
 _Static_assert(sizeof(prism_hints_header) <= PRISM_HINTS_HEADER_BYTES, "hint table header too big");
@@ -124,6 +134,10 @@ void prism_hints_set_runtime(prism_hints *t, const prism_runtime_hints *hints);
 /* The trainer's last write-back; false when none consistent could be read. */
 bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint64_t *applied_step);
 
+/* The trainer's published counters; false when it published none or no consistent copy could
+ * be read. */
+bool prism_hints_read_counters(const prism_hints *t, uint64_t *reports_dropped, uint64_t *late_switches);
+
 /* ---- the trainer's side ---- */
 
 /* Maps an existing table read-write (only the applied_* fields are written). A missing file is
@@ -154,6 +168,9 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
 
 /* Records that the trainer uses map_version from step on. */
 void prism_hints_write_applied(prism_hints *t, uint64_t map_version, uint64_t step);
+
+/* Publishes the trainer's counters (totals) for the agent. */
+void prism_hints_write_counters(prism_hints *t, uint64_t reports_dropped, uint64_t late_switches);
 
 /* True when path no longer names the file t has mapped (the agent replaced it, or it is gone):
  * the caller should close and reopen. One stat(2); for the trainer's reconnect path, not for

@@ -54,7 +54,7 @@ PRISM_ABI(offsetof(prism_client_state, hints_mapped) == 30 && offsetof(prism_cli
 PRISM_ABI(offsetof(prism_client_state, calibration_needed) == 32 && offsetof(prism_client_state, run_calibration) == 33);
 PRISM_ABI(offsetof(prism_client_state, calibration_samples) == 36 && offsetof(prism_client_state, low_precision) == 40);
 PRISM_ABI(offsetof(prism_client_state, hints) == 48 && sizeof(prism_client_state) == 80);
-PRISM_ABI(sizeof(prism_client_counters) == 128); /* 16 uint64_t counters */
+PRISM_ABI(sizeof(prism_client_counters) == 136); /* 17 uint64_t counters */
 
 /* include/prism/transfer.h, as python/prism/transfer.py declares it. */
 PRISM_ABI(offsetof(prism_transfer_options, backend) == 0 && offsetof(prism_transfer_options, device) == 4);

@@ -213,6 +213,8 @@ typedef struct prism_client_counters {
     uint64_t hint_open_failures;    /* attempts to map the hint table that failed */
     uint64_t hint_remaps;           /* the table was replaced by the agent and mapped again */
     uint64_t invalid_calls;         /* calls refused for their arguments or the client's state */
+    uint64_t late_switches;         /* maps first used at a step after an earlier begin_step had
+                                       already reached their effective step (the map came late) */
 } prism_client_counters;
 
 /* Fills *out; PRISM_ERR_INVALID for a NULL argument. */

@@ -63,7 +63,8 @@ class ClientState(ctypes.Structure):
 
 _COUNTER_NAMES = ("reports_sent", "reports_dropped", "calibrations_sent", "calibrations_dropped", "hellos_sent",
                   "bytes_sent", "send_errors", "connects", "reconnects", "connect_failures", "disconnects",
-                  "hint_reads", "hint_read_failures", "hint_open_failures", "hint_remaps", "invalid_calls")
+                  "hint_reads", "hint_read_failures", "hint_open_failures", "hint_remaps", "invalid_calls",
+                  "late_switches")
 
 
 class ClientCounters(ctypes.Structure):

@@ -746,7 +746,7 @@ void prismd_http_print_help(FILE *out)
         prism_help_entry(out, label, prismd_routes[i].help, NULL);
     }
     static const char *const rest_routes[][2] = {
-        {"GET /v1/jobs", "jobs with step, map_version, agents connected, world_size"},
+        {"GET /v1/jobs", "jobs with step, map_version, agents connected, world_size, ranks lagging and not acked"},
         {"GET /v1/jobs/JOB/blocks", "the block map (precision, scores, last switch, forced) and the last decision's telemetry"},
         {"GET /v1/jobs/JOB/blocks/ID", "one block with its recent switch history"},
         {"GET /v1/jobs/JOB/config", "the job's policy config in force"},
@@ -755,6 +755,8 @@ void prismd_http_print_help(FILE *out)
         {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
         {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
         {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
+        {"GET /v1/jobs/JOB/ranks", "per rank: connected, node and device (last Hello), last step, last Ack, trainer "
+                                   "counters (last Heartbeat), lagging, acked_current_map"},
         {"DELETE /v1/jobs/JOB", "admin token only: ends the job's streams (NOT_FOUND), removes it from memory, the "
                                 "store and DIR/jobs/JOB/; 200 {\"job_id\",\"deleted\":true}, 404 unknown job"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},

@@ -39,12 +39,6 @@ typedef struct watcher {
     prismd_peer *peer;
 } watcher;
 
-typedef struct rank_ack {
-    bool has;
-    uint64_t map_version;
-    uint64_t applied_step;
-} rank_ack;
-
 struct prismd_job {
     char id[JOB_ID_MAX + 1];
     char *token;            /* NULL: the job takes any caller */
@@ -60,7 +54,10 @@ struct prismd_job {
     size_t nagents, cap_agents;
     watcher *watchers;
     size_t nwatchers, cap_watchers;
-    rank_ack *acks;         /* world_size entries */
+    prismd_rank_facts *ranks; /* ascending rank: each rank that sent a Hello (at most world_size) */
+    size_t nranks, cap_ranks;
+    bool has_newest_step;
+    uint64_t newest_step;   /* the newest step of any rank's accepted reports */
     prism_idmap name_ix;    /* block id -> index in names */
     prism_idmap block_ix;   /* every block id of the job: its layouts', its accepted reports', its
                              * restored policy's; block_ix.count is what --max-blocks limits */
@@ -225,7 +222,9 @@ static void job_free(prismd_job *job)
     free(job->creator);
     free(job->agents);
     free(job->watchers);
-    free(job->acks);
+    for (size_t i = 0; i < job->nranks; i++)
+        prismd_rank_facts_clear(&job->ranks[i]);
+    free(job->ranks);
     free(job);
 }
 
@@ -296,6 +295,73 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t size)
     return true;
 }
 
+/* The facts of rank in job, or NULL when it never sent a Hello. */
+static prismd_rank_facts *rank_find(prismd_job *job, uint32_t rank)
+{
+    size_t lo = 0, hi = job->nranks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (job->ranks[mid].rank == rank)
+            return &job->ranks[mid];
+        if (job->ranks[mid].rank < rank)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* The facts of rank in job, added (all unknown) in rank order when it has none; NULL when memory
+ * runs out. Pointers into job->ranks are not kept across calls: adding moves them. */
+static prismd_rank_facts *rank_add(prismd_job *job, uint32_t rank)
+{
+    prismd_rank_facts *f = rank_find(job, rank);
+    if (f)
+        return f;
+    if (!grow((void **)&job->ranks, &job->cap_ranks, job->nranks + 1, sizeof *job->ranks))
+        return NULL;
+    size_t at = job->nranks;
+    while (at > 0 && job->ranks[at - 1].rank > rank)
+        at--;
+    memmove(&job->ranks[at + 1], &job->ranks[at], (job->nranks - at) * sizeof *job->ranks);
+    job->nranks++;
+    job->ranks[at] = (prismd_rank_facts){.rank = rank};
+    return &job->ranks[at];
+}
+
+/* What a Hello says of its rank: node and DeviceProfile, replacing the previous Hello's (the
+ * other facts stay). false when memory runs out: the rank's facts are then as they were, or
+ * a new entry with every fact unknown. */
+static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
+{
+    prismd_rank_facts *f = rank_add(job, h->rank);
+    if (!f)
+        return false;
+    const Prism__V1__DeviceProfile *d = h->device;
+    char *node = prismd_rank_text(h->node ? h->node : "");
+    char *cls = d ? prismd_rank_text(d->device_class ? d->device_class : "") : NULL;
+    char *name = d ? prismd_rank_text(d->device_name ? d->device_name : "") : NULL;
+    if (!node || (d && (!cls || !name))) {
+        free(node);
+        free(cls);
+        free(name);
+        return false;
+    }
+    prismd_rank_facts_clear(f);
+    f->connected = true;
+    f->node = node;
+    f->has_device = d != NULL;
+    f->device_class = cls;
+    f->device_name = name;
+    f->memory_bytes = d ? d->memory_bytes : 0;
+    f->bf16_ops_per_second = d ? d->bf16_ops_per_second : 0;
+    f->fp16_ops_per_second = d ? d->fp16_ops_per_second : 0;
+    f->int8_ops_per_second = d ? d->int8_ops_per_second : 0;
+    f->fp8_ops_per_second = d ? d->fp8_ops_per_second : 0;
+    f->h2d_bytes_per_second = d ? d->h2d_bytes_per_second : 0;
+    return true;
+}
+
 /* Adds a job around policy (taken over, also on failure). */
 static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, const char *token,
                            prism_policy *policy, prismd_status *end)
@@ -314,9 +380,8 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     prism_idmap_init(&job->name_ix);
     prism_idmap_init(&job->block_ix);
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
-    job->acks = calloc(world_size, sizeof *job->acks);
     job->token = token && token[0] ? strdup(token) : NULL;
-    if (!job->merger || !job->acks || (token && token[0] && !job->token) ||
+    if (!job->merger || (token && token[0] && !job->token) ||
         prism_merger_set_limits(job->merger, PRISM_MERGE_MAX_OPEN_STEPS, j->limits.max_blocks, &err)) {
         job_free(job);
         fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: cannot be created", id);
@@ -763,7 +828,8 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                                                       &cached, &err) > 0)
             job->calibrated = true;
     }
-    if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents)) {
+    if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents) ||
+        !rank_hello(job, h)) {
         cal_free(&cached);
         return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     }
@@ -1009,6 +1075,15 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     }
     j->counters.reports_accepted++;
     j->counters.block_records += r->n_blocks;
+    prismd_rank_facts *f = rank_find(job, peer->rank);
+    if (f && (!f->has_step || r->step > f->last_step)) {
+        f->has_step = true;
+        f->last_step = r->step;
+    }
+    if (!job->has_newest_step || r->step > job->newest_step) {
+        job->has_newest_step = true;
+        job->newest_step = r->step;
+    }
     drain_steps(j, job, now_ms);
 }
 
@@ -1105,6 +1180,32 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     free(errors);
 }
 
+/* An Ack: the map version the rank's trainer uses and the step it started at. */
+static void on_ack(prismd_peer *peer, const Prism__V1__Ack *a)
+{
+    prismd_rank_facts *f = rank_find(peer->job, peer->rank);
+    if (!f)
+        return;
+    f->has_ack = true;
+    f->acked_map_version = a->map_version;
+    f->applied_step = a->applied_step;
+}
+
+/* A Heartbeat: the trainer-side counters as the agent knows them; a counter it leaves out is
+ * unknown again (an older agent never sends them). */
+static void on_heartbeat(prismd_peer *peer, const Prism__V1__Heartbeat *h)
+{
+    prismd_rank_facts *f = rank_find(peer->job, peer->rank);
+    if (!f)
+        return;
+    f->has_reports_dropped =
+        h->optional_trainer_reports_dropped_case == PRISM__V1__HEARTBEAT__OPTIONAL_TRAINER_REPORTS_DROPPED_TRAINER_REPORTS_DROPPED;
+    f->reports_dropped = f->has_reports_dropped ? h->trainer_reports_dropped : 0;
+    f->has_late_switches =
+        h->optional_trainer_late_switches_case == PRISM__V1__HEARTBEAT__OPTIONAL_TRAINER_LATE_SWITCHES_TRAINER_LATE_SWITCHES;
+    f->late_switches = f->has_late_switches ? h->trainer_late_switches : 0;
+}
+
 bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const uint8_t *data,
                                size_t len, int64_t now_ms, prismd_status *end)
 {
@@ -1127,10 +1228,8 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
         switch (m->kind_case) {
         case PRISM__V1__AGENT_MESSAGE__KIND_STEP_REPORT: on_step_report(j, s, peer, m->step_report, now_ms); break;
         case PRISM__V1__AGENT_MESSAGE__KIND_CALIBRATION: on_calibration(j, s, peer, m->calibration); break;
-        case PRISM__V1__AGENT_MESSAGE__KIND_ACK:
-            peer->job->acks[peer->rank] = (rank_ack){true, m->ack->map_version, m->ack->applied_step};
-            break;
-        case PRISM__V1__AGENT_MESSAGE__KIND_HEARTBEAT: break;
+        case PRISM__V1__AGENT_MESSAGE__KIND_ACK: on_ack(peer, m->ack); break;
+        case PRISM__V1__AGENT_MESSAGE__KIND_HEARTBEAT: on_heartbeat(peer, m->heartbeat); break;
         default: send_error(s, GRPC_STATUS_INVALID_ARGUMENT, "an AgentMessage with no kind set"); break;
         }
     }
@@ -1162,6 +1261,9 @@ void prismd_jobs_stream_gone(prismd_jobs *j, prismd_stream *s, prismd_peer *peer
     for (size_t i = 0; i < job->nagents; i++) {
         if (job->agents[i].stream == s) {
             job->agents[i] = job->agents[--job->nagents];
+            prismd_rank_facts *f = rank_find(job, peer->rank);
+            if (f)
+                f->connected = false; /* its other facts stay: what it last said */
             job->last_active_ms = wall_ms(); /* the job is idle from now when it was its last agent */
             j->urgent = true;
             char rank[16];
@@ -1260,6 +1362,42 @@ static int compare_snap_jobs(const void *a, const void *b)
     return strcmp(((const prismd_snap_job *)a)->id, ((const prismd_snap_job *)b)->id);
 }
 
+/* Frees what publish copied into a snapshot job that is not kept. */
+static void snap_job_free(prismd_snap_job *sj)
+{
+    prism_config_free(&sj->config);
+    for (size_t b = 0; b < sj->nblocks; b++)
+        free(sj->names[b]);
+    free(sj->names);
+    free(sj->blocks);
+    free(sj->token);
+    for (size_t r = 0; r < sj->nranks; r++)
+        prismd_rank_facts_clear(&sj->ranks[r]);
+    free(sj->ranks);
+}
+
+/* Copies the job's rank facts into sj with the two counts of GET /v1/jobs; false when memory
+ * runs out (sj->ranks then holds what was copied, for snap_job_free). */
+static bool snap_ranks(prismd_snap_job *sj, const prismd_job *job)
+{
+    sj->has_newest_step = job->has_newest_step;
+    sj->newest_step = job->newest_step;
+    sj->ranks = calloc(job->nranks ? job->nranks : 1, sizeof *sj->ranks);
+    if (!sj->ranks)
+        return false;
+    for (size_t r = 0; r < job->nranks; r++) {
+        if (!prismd_rank_facts_copy(&sj->ranks[r], &job->ranks[r]))
+            return false;
+        sj->nranks++;
+        const prismd_rank_facts *f = &sj->ranks[r];
+        if (prismd_rank_lagging(f, sj->has_newest_step, sj->newest_step))
+            sj->ranks_lagging++;
+        if (f->connected && !prismd_rank_acked_current(f, sj->map_version))
+            sj->ranks_not_acked++;
+    }
+    return true;
+}
+
 /* Copies what REST and /metrics show into a new snapshot and makes it current. */
 static void publish(prismd_jobs *j)
 {
@@ -1316,6 +1454,10 @@ static void publish(prismd_jobs *j)
         sj->has_summary = job->has_summary;
         sj->summary = job->summary;
         memcpy(sj->switches, job->switches, sizeof sj->switches);
+        if (!snap_ranks(sj, job)) {
+            snap_job_free(sj);
+            break;
+        }
         snap->njobs++;
     }
     qsort(snap->jobs, snap->njobs, sizeof *snap->jobs, compare_snap_jobs);

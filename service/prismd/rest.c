@@ -109,12 +109,23 @@ static json_t *block_json(const prism_block_view *v, const char *name)
                      prism_reason_name(v->reason), "forced", v->forced);
 }
 
+/* A job of GET /v1/jobs: job_json and the two rank counts the jobs view warns with. */
+static json_t *job_entry_json(const prismd_snap_job *j)
+{
+    json_t *obj = job_json(j);
+    if (obj) {
+        json_object_set_new(obj, "ranks_lagging", json_integer((json_int_t)j->ranks_lagging));
+        json_object_set_new(obj, "ranks_not_acked", json_integer((json_int_t)j->ranks_not_acked));
+    }
+    return obj;
+}
+
 static char *render_jobs(const void *ctx)
 {
     const prismd_snapshot *snap = ctx;
     json_t *jobs = json_array();
     for (size_t i = 0; jobs && i < snap->njobs; i++)
-        json_array_append_new(jobs, job_json(&snap->jobs[i]));
+        json_array_append_new(jobs, job_entry_json(&snap->jobs[i]));
     json_t *obj = json_pack("{s:o}", "jobs", jobs);
     char *text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
@@ -319,6 +330,177 @@ static void answer_cached(prismd_answer *a, prismd_snapshot *snap, _Atomic(char 
     a->body = (char *)text;
     a->status = 200;
     a->content_type = "application/json";
+}
+
+/* ---- GET /v1/jobs/{job}/ranks ---- */
+
+/* A count from the wire as a JSON integer: values past what JSON integers hold here (2^63 - 1)
+ * are shown as that. */
+static json_t *wire_count(uint64_t v)
+{
+    return json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
+static json_t *opt_count(bool present, uint64_t v)
+{
+    return present ? wire_count(v) : json_null();
+}
+
+/* One rank of the answer; f NULL: a rank that never sent a Hello (every fact null). */
+static json_t *rank_json(const prismd_snap_job *j, uint32_t rank, const prismd_rank_facts *f)
+{
+    json_t *device = json_null();
+    if (f && f->has_device)
+        device = json_pack("{s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "device_class", f->device_class,
+                           "device_name", f->device_name, "memory_bytes", wire_count(f->memory_bytes),
+                           "bf16_ops_per_second", opt_real(true, f->bf16_ops_per_second), "fp16_ops_per_second",
+                           opt_real(true, f->fp16_ops_per_second), "int8_ops_per_second",
+                           opt_real(true, f->int8_ops_per_second), "fp8_ops_per_second",
+                           opt_real(true, f->fp8_ops_per_second), "h2d_bytes_per_second",
+                           opt_real(true, f->h2d_bytes_per_second));
+    return json_pack("{s:I, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:b, s:b}", "rank", (json_int_t)rank, "connected",
+                     f && f->connected, "node", f && f->node ? json_string(f->node) : json_null(), "device", device,
+                     "last_step", opt_count(f && f->has_step, f ? f->last_step : 0), "acked_map_version",
+                     opt_count(f && f->has_ack, f ? f->acked_map_version : 0), "applied_step",
+                     opt_count(f && f->has_ack, f ? f->applied_step : 0), "reports_dropped",
+                     opt_count(f && f->has_reports_dropped, f ? f->reports_dropped : 0), "late_switches",
+                     opt_count(f && f->has_late_switches, f ? f->late_switches : 0), "lagging",
+                     prismd_rank_lagging(f, j->has_newest_step, j->newest_step), "acked_current_map",
+                     prismd_rank_acked_current(f, j->map_version));
+}
+
+/* Answers of more ranks than this are streamed, one rank at a time. */
+#define PRISMD_RANKS_WHOLE_MAX 4096
+
+/* The ranks answer as pieces: the job's fields, then each rank 0..world_size-1 (the known ones
+ * from the snapshot, the others all null), then the end; the same for a whole and a streamed
+ * answer. */
+typedef struct ranks_stream {
+    prismd_snapshot *snap; /* held by a streamed answer; NULL for a whole one */
+    const prismd_snap_job *j;
+    uint64_t next;         /* the next rank to render */
+    size_t known;          /* the index in j->ranks of the first known rank >= next */
+    int stage;             /* 0: the job's fields, 1: ranks, 2: the end, 3: done */
+    char *piece;
+    size_t piece_len, piece_pos;
+} ranks_stream;
+
+/* The next piece of the ranks answer, malloc'd; NULL when out of memory. */
+static char *ranks_piece(ranks_stream *r)
+{
+    const prismd_snap_job *j = r->j;
+    char *piece = NULL, *text = NULL;
+    json_t *obj = NULL;
+    if (r->stage == 1 && r->next >= j->world_size)
+        r->stage = 2;
+    switch (r->stage) {
+    case 0: /* {"job_id":...,"ranks":[ */
+        obj = json_pack("{s:s, s:I, s:I, s:o}", "job_id", j->id, "world_size", (json_int_t)j->world_size,
+                        "map_version", (json_int_t)j->map_version, "last_step",
+                        opt_count(j->has_newest_step, j->newest_step));
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text && asprintf(&piece, "%.*s,\"ranks\":[", (int)strlen(text) - 1, text) < 0)
+            piece = NULL;
+        r->stage = 1;
+        break;
+    case 1: {
+        const prismd_rank_facts *f = NULL;
+        if (r->known < j->nranks && j->ranks[r->known].rank == r->next)
+            f = &j->ranks[r->known++];
+        obj = rank_json(j, (uint32_t)r->next, f);
+        text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text && asprintf(&piece, "%s%s", r->next ? "," : "", text) < 0)
+            piece = NULL;
+        r->next++;
+        break;
+    }
+    default:
+        piece = strdup("]}");
+        r->stage = 3;
+        break;
+    }
+    free(text);
+    json_decref(obj);
+    return piece;
+}
+
+static ssize_t ranks_read(void *cls, char *buf, size_t max)
+{
+    ranks_stream *r = cls;
+    size_t n = 0;
+    while (n < max) {
+        if (r->piece_pos < r->piece_len) {
+            n = prismd_piece_copy(buf, n, max, r->piece, r->piece_len, &r->piece_pos);
+            continue;
+        }
+        free(r->piece);
+        r->piece = NULL;
+        r->piece_len = r->piece_pos = 0;
+        if (r->stage == 3)
+            break;
+        if (!(r->piece = ranks_piece(r)))
+            return -1;
+        r->piece_len = strlen(r->piece);
+    }
+    return (ssize_t)n;
+}
+
+static void ranks_done(void *cls)
+{
+    ranks_stream *r = cls;
+    free(r->piece);
+    prismd_snapshot_release(r->snap);
+    free(r);
+    prismd_streamed_answer_release();
+}
+
+/* GET .../ranks: rendered whole for up to PRISMD_RANKS_WHOLE_MAX ranks, streamed beyond it (one
+ * of --max-streamed-answers), so that memory per answer is one rank's rendering. */
+static void get_ranks(prismd_rest *rest, prismd_snapshot *snap, const prismd_snap_job *j, prismd_answer *a)
+{
+    if (j->world_size <= PRISMD_RANKS_WHOLE_MAX) {
+        ranks_stream r = {.j = j};
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        bool ok = f != NULL;
+        while (ok && r.stage != 3) {
+            char *piece = ranks_piece(&r);
+            ok = piece && fputs(piece, f) >= 0;
+            free(piece);
+        }
+        if (f && fclose(f) != 0)
+            ok = false;
+        if (!ok) {
+            free(text);
+            answer_error(a, 500, "internal", "out of memory");
+            return;
+        }
+        a->status = 200;
+        a->content_type = "application/json";
+        a->body = text;
+        a->body_len = len;
+        return;
+    }
+    if (!prismd_streamed_answer_acquire(rest->mem)) {
+        answer_error(a, 503, "unavailable", "%zu large answers are being sent, the limit "
+                     "(--max-streamed-answers); try again", rest->mem->max_streamed_answers);
+        return;
+    }
+    ranks_stream *r = calloc(1, sizeof *r);
+    if (!r) {
+        prismd_streamed_answer_release();
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    atomic_fetch_add(&snap->refs, 1);
+    r->snap = snap;
+    r->j = j;
+    a->status = 200;
+    a->content_type = "application/json";
+    a->read = ranks_read;
+    a->done = ranks_done;
+    a->stream_cls = r;
 }
 
 static const prism_block_view *find_block(const prismd_snap_job *j, uint32_t id)
@@ -788,7 +970,7 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD";
     if (strcmp(rest, "/events") == 0)
         return "GET";
-    if (strcmp(rest, "/hints") == 0)
+    if (strcmp(rest, "/hints") == 0 || strcmp(rest, "/ranks") == 0)
         return "GET, HEAD";
     if (strcmp(rest, "/overrides") == 0)
         return "PUT";
@@ -948,7 +1130,7 @@ static void get_jobs(prismd_rest *r, prismd_snapshot *snap, const char *auth, pr
     for (size_t i = 0; jobs && i < snap->njobs; i++) {
         const prismd_snap_job *j = &snap->jobs[i];
         if (prismd_auth_check(&rule, j->token, auth, PRISMD_ACCESS_READ) == PRISMD_AUTH_OK) {
-            json_array_append_new(jobs, job_json(j));
+            json_array_append_new(jobs, job_entry_json(j));
             opened++;
         }
     }
@@ -992,6 +1174,8 @@ bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)
             get_telemetry(r, j, query, query_ctx, a);
+        else if (strcmp(rest, "/ranks") == 0)
+            get_ranks(r, snap, j, a);
         else if (strcmp(rest, "/hints") == 0)
             answer_json(a, 200,
                         json_pack("{s:s, s:o}", "job_id", j->id, "hints",

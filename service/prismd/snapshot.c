@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 #include "snapshot.h"
 
 #include <stdlib.h>
@@ -27,6 +28,9 @@ void prismd_snapshot_release(prismd_snapshot *snap)
         free(snap->jobs[i].blocks);
         free(atomic_load(&snap->jobs[i].blocks_json));
         free(atomic_load(&snap->jobs[i].blocks_gzip));
+        for (size_t r = 0; r < snap->jobs[i].nranks; r++)
+            prismd_rank_facts_clear(&snap->jobs[i].ranks[r]);
+        free(snap->jobs[i].ranks);
     }
     free(atomic_load(&snap->jobs_json));
     free(atomic_load(&snap->jobs_gzip));
@@ -91,4 +95,55 @@ const char *prismd_snapshot_cached(_Atomic(char *) *slot, char *(*render)(const 
         return made;
     free(made);
     return expected;
+}
+
+char *prismd_rank_text(const char *text)
+{
+    size_t n = strlen(text);
+    if (n > PRISMD_RANK_TEXT_MAX) {
+        n = PRISMD_RANK_TEXT_MAX;
+        /* Back to the first byte of the character that straddles the cut, then drop it. */
+        while (n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80)
+            n--;
+    }
+    char *copy = malloc(n + 1);
+    if (copy) {
+        memcpy(copy, text, n);
+        copy[n] = '\0';
+    }
+    return copy;
+}
+
+void prismd_rank_facts_clear(prismd_rank_facts *f)
+{
+    free(f->node);
+    free(f->device_class);
+    free(f->device_name);
+    f->node = f->device_class = f->device_name = NULL;
+}
+
+bool prismd_rank_facts_copy(prismd_rank_facts *dst, const prismd_rank_facts *src)
+{
+    *dst = *src;
+    dst->node = src->node ? strdup(src->node) : NULL;
+    dst->device_class = src->device_class ? strdup(src->device_class) : NULL;
+    dst->device_name = src->device_name ? strdup(src->device_name) : NULL;
+    if ((src->node && !dst->node) || (src->device_class && !dst->device_class) ||
+        (src->device_name && !dst->device_name)) {
+        prismd_rank_facts_clear(dst);
+        return false;
+    }
+    return true;
+}
+
+bool prismd_rank_lagging(const prismd_rank_facts *f, bool has_newest, uint64_t newest)
+{
+    if (!f || !f->connected || !has_newest)
+        return false;
+    return !f->has_step || (newest > f->last_step && newest - f->last_step > PRISMD_RANK_LAG_STEPS);
+}
+
+bool prismd_rank_acked_current(const prismd_rank_facts *f, uint64_t map_version)
+{
+    return map_version == 0 || (f && f->has_ack && f->acked_map_version == map_version);
 }

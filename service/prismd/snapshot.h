@@ -14,6 +14,46 @@
 
 extern const double prismd_decision_buckets[PRISMD_DECISION_BUCKETS]; /* seconds, upper bounds */
 
+/* A rank is lagging when it is connected and its last step is more than this many steps behind
+ * the newest step any rank of its job reported (GET /v1/jobs/{job}/ranks). */
+#define PRISMD_RANK_LAG_STEPS 2
+/* node, device_class and device_name are kept to at most this many bytes (cut at a UTF-8
+ * character boundary). */
+#define PRISMD_RANK_TEXT_MAX 255
+
+/* What prismd knows of one rank of a job (DESIGN 6, GET /v1/jobs/{job}/ranks): the policy
+ * thread keeps one per rank that ever sent a Hello, and snapshots carry copies. Strings are
+ * owned by the struct (prismd_rank_facts_clear frees them); has_* false means not known (null). */
+typedef struct prismd_rank_facts {
+    uint32_t rank;
+    bool connected;               /* a Connect stream of this rank is bound to the job */
+    char *node;                   /* from the last Hello */
+    bool has_device;              /* the last Hello carried a DeviceProfile */
+    char *device_class, *device_name;
+    uint64_t memory_bytes;
+    double bf16_ops_per_second, fp16_ops_per_second, int8_ops_per_second, fp8_ops_per_second;
+    double h2d_bytes_per_second;
+    bool has_step;
+    uint64_t last_step;           /* the highest step of its accepted reports */
+    bool has_ack;
+    uint64_t acked_map_version, applied_step; /* its last Ack */
+    bool has_reports_dropped, has_late_switches; /* from its last Heartbeat */
+    uint64_t reports_dropped, late_switches;
+} prismd_rank_facts;
+
+/* A copy of src with its own strings; false (dst cleared) when memory runs out. */
+bool prismd_rank_facts_copy(prismd_rank_facts *dst, const prismd_rank_facts *src);
+void prismd_rank_facts_clear(prismd_rank_facts *f);
+/* Copies text into a new string of at most PRISMD_RANK_TEXT_MAX bytes, cut before a UTF-8
+ * character that would not fit whole; NULL when memory runs out. */
+char *prismd_rank_text(const char *text);
+/* lagging of the ranks answer: connected, and either more than PRISMD_RANK_LAG_STEPS behind
+ * newest (the newest step any rank reported; has_newest false: none did) or reported nothing
+ * while another rank has. f may be NULL (a rank that never connected: not lagging). */
+bool prismd_rank_lagging(const prismd_rank_facts *f, bool has_newest, uint64_t newest);
+/* acked_current_map: its last Ack names map_version, or the job has no map yet (version 0). */
+bool prismd_rank_acked_current(const prismd_rank_facts *f, uint64_t map_version);
+
 typedef struct prismd_snap_job {
     char id[129];
     uint32_t world_size;
@@ -34,6 +74,12 @@ typedef struct prismd_snap_job {
     bool hints_suppress_backward, hints_suppress_optimizer;
     uint64_t hints_map_version;
     uint64_t switches[PRISMD_REASONS]; /* changes since start, by reason */
+    size_t nranks;
+    prismd_rank_facts *ranks;    /* ascending rank, only ranks that sent a Hello; the rest unknown */
+    bool has_newest_step;
+    uint64_t newest_step;        /* the newest step any rank reported */
+    uint32_t ranks_lagging;      /* ranks with prismd_rank_lagging */
+    uint32_t ranks_not_acked;    /* connected ranks without prismd_rank_acked_current */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */
 } prismd_snap_job;
