@@ -338,9 +338,9 @@ static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
     if (!f)
         return false;
     const Prism__V1__DeviceProfile *d = h->device;
-    char *node = prismd_rank_text(h->node ? h->node : "");
-    char *cls = d ? prismd_rank_text(d->device_class ? d->device_class : "") : NULL;
-    char *name = d ? prismd_rank_text(d->device_name ? d->device_name : "") : NULL;
+    char *node = prismd_text_copy(h->node ? h->node : "");
+    char *cls = d ? prismd_text_copy(d->device_class ? d->device_class : "") : NULL;
+    char *name = d ? prismd_text_copy(d->device_name ? d->device_name : "") : NULL;
     if (!node || (d && (!cls || !name))) {
         free(node);
         free(cls);
@@ -674,12 +674,13 @@ static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, cons
 
 /* ---- messages in ---- */
 
-/* Remembers a block of a layout and its name (at most 255 bytes, NULL when it has none). At
+/* Remembers a block of a layout and its name (at most 255 bytes, cut at a UTF-8 character
+ * boundary so that JSON can carry it; NULL when it has none). At
  * most max blocks are remembered per job; false when that or memory runs out. */
 static bool remember_layout_block(prismd_job *job, uint32_t id, const char *name, size_t max)
 {
     char *copy = NULL;
-    if (name && name[0] && !(copy = strndup(name, 255)))
+    if (name && name[0] && !(copy = prismd_text_copy(name)))
         return false;
     uint32_t ix = prism_idmap_get(&job->name_ix, id);
     if (ix != PRISM_IDMAP_NONE) {

@@ -97,7 +97,7 @@ const char *prismd_snapshot_cached(_Atomic(char *) *slot, char *(*render)(const 
     return expected;
 }
 
-char *prismd_rank_text(const char *text)
+char *prismd_text_copy(const char *text)
 {
     size_t n = strlen(text);
     if (n > PRISMD_RANK_TEXT_MAX) {

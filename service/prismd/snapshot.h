@@ -44,9 +44,10 @@ typedef struct prismd_rank_facts {
 /* A copy of src with its own strings; false (dst cleared) when memory runs out. */
 bool prismd_rank_facts_copy(prismd_rank_facts *dst, const prismd_rank_facts *src);
 void prismd_rank_facts_clear(prismd_rank_facts *f);
-/* Copies text into a new string of at most PRISMD_RANK_TEXT_MAX bytes, cut before a UTF-8
- * character that would not fit whole; NULL when memory runs out. */
-char *prismd_rank_text(const char *text);
+/* Copies text (a rank's node and device, a block's name) into a new string of at most
+ * PRISMD_RANK_TEXT_MAX bytes, cut before a UTF-8 character that would not fit whole; NULL when
+ * memory runs out. */
+char *prismd_text_copy(const char *text);
 /* lagging of the ranks answer: connected, and either more than PRISMD_RANK_LAG_STEPS behind
  * newest (the newest step any rank reported; has_newest false: none did) or reported nothing
  * while another rank has. f may be NULL (a rank that never connected: not lagging). */

@@ -293,6 +293,16 @@ class LayoutTest(Base):
         wait_metric(self.prismd, 'prism_step_reports_total{outcome="accepted"}', 1)
         self.assertEqual(metric(self.prismd, 'prism_step_reports_total{outcome="malformed"}'), 1)
 
+    def test_a_long_name_is_cut_at_a_character_boundary(self):
+        # 200 two-byte characters: cut at 255 bytes, the name would end in half a character,
+        # which no JSON answer can carry; it keeps 127 whole ones (254 bytes).
+        a = self.agent()
+        a.send(hello=pb.Hello(job_id="job-l", rank=0, world_size=1, node="n", layout=pb.ModelLayout(
+            model_id="m", blocks=[pb.BlockInfo(id=0, name="\u00e9" * 200, param_bytes_bf16=100),
+                                  pb.BlockInfo(id=1, name="b.1", param_bytes_bf16=100)])))
+        self.assertEqual(a.next().WhichOneof("kind"), "welcome")
+        self.assertEqual(self.blocks_after_a_decision(a, 1, (3.0, 1.0)), [(0, "\u00e9" * 127), (1, "b.1")])
+
     def test_reports_count_against_a_later_layout(self):
         # The other order: reported ids count when a layout comes after them.
         a = self.agent()

@@ -52,37 +52,37 @@ static void test_text_is_cut_at_255_bytes_on_a_character_boundary(void)
     char in[600];
     memset(in, 'a', 300);
     in[300] = '\0';
-    char *out = prismd_rank_text(in);
+    char *out = prismd_text_copy(in);
     CU_ASSERT_EQUAL(strlen(out), 255);
     free(out);
     /* 254 ASCII bytes then "é" (2 bytes): the 255th byte starts é, which does not fit whole. */
     memset(in, 'a', 254);
     strcpy(in + 254, "\xc3\xa9z");
-    out = prismd_rank_text(in);
+    out = prismd_text_copy(in);
     CU_ASSERT_EQUAL(strlen(out), 254);
     free(out);
     /* 253 bytes then "é": it ends exactly at 255. */
     memset(in, 'a', 253);
     strcpy(in + 253, "\xc3\xa9z");
-    out = prismd_rank_text(in);
+    out = prismd_text_copy(in);
     CU_ASSERT_EQUAL(strlen(out), 255);
     CU_ASSERT_EQUAL((unsigned char)out[254], 0xa9);
     free(out);
     /* A 4-byte character across the cut goes whole. */
     memset(in, 'a', 253);
     strcpy(in + 253, "\xf0\x9f\x98\x80");
-    out = prismd_rank_text(in);
+    out = prismd_text_copy(in);
     CU_ASSERT_EQUAL(strlen(out), 253);
     free(out);
-    out = prismd_rank_text("node-a");
+    out = prismd_text_copy("node-a");
     CU_ASSERT_STRING_EQUAL(out, "node-a");
     free(out);
 }
 
 static void test_copy_owns_its_strings(void)
 {
-    prismd_rank_facts a = {.rank = 3, .connected = true, .node = prismd_rank_text("n"), .has_device = true,
-                           .device_class = prismd_rank_text("c"), .device_name = prismd_rank_text("d"),
+    prismd_rank_facts a = {.rank = 3, .connected = true, .node = prismd_text_copy("n"), .has_device = true,
+                           .device_class = prismd_text_copy("c"), .device_name = prismd_text_copy("d"),
                            .memory_bytes = 7};
     prismd_rank_facts b;
     CU_ASSERT_FATAL(prismd_rank_facts_copy(&b, &a));
