@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -185,3 +186,30 @@ def raw(request_bytes, status, headers, body, listener="http"):
     if headers.get("transfer-encoding", "").lower() == "chunked":
         body = _dechunked(body)
     check(method, target, status, headers.get("content-type"), _decoded(body, headers), headers, listener)
+
+
+def main(argv):
+    """python3 openapi_check.py ANSWERS.jsonl: checks every answer a test recorded (one line of
+    check's arguments each, test_prismd.c's record_answer); exit status 1 naming each that fails."""
+    if len(argv) != 2:
+        print("usage: openapi_check.py ANSWERS.jsonl", file=sys.stderr)
+        return 2
+    failed = total = 0
+    with open(argv[1], encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            a = json.loads(line)
+            total += 1
+            try:
+                check(a["method"], a["path"], a["status"], a.get("content_type"), a.get("body", ""),
+                      a.get("headers"), a.get("listener", "http"))
+            except AssertionError as e:
+                failed += 1
+                print(e, file=sys.stderr)
+    print("%d answers checked against %s, %d do not conform" % (total, DOCUMENT, failed))
+    return 1 if failed or total == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
