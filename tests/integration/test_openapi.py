@@ -114,7 +114,7 @@ class DocumentTest(unittest.TestCase):
 
     def test_the_validator_refuses_wrong_answers(self):
         job = {"job_id": "j", "step": 4, "map_version": 1, "decided_step": 2, "effective_step": 3,
-               "agents_connected": 1, "world_size": 1, "blocks": 2}
+               "agents_connected": 1, "world_size": 1, "blocks": 2, "ranks_lagging": 0, "ranks_not_acked": 0}
         ok = json.dumps({"jobs": [job]})
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", ok)
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", json.dumps({"jobs": [dict(job, step=None)]}))

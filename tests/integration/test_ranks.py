@@ -238,7 +238,7 @@ class AgentCountersTest(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def metric(self, name):
-        text = http_get(self.metrics, "/metrics")[1]
+        text = http_get(self.metrics, "/metrics", openapi=False)[1]
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
@@ -258,7 +258,7 @@ class AgentCountersTest(unittest.TestCase):
                                        "--node", "trainer-node", "--device-class", "cpu-test", "--heartbeat-ms", "100"],
                                       stdout=subprocess.DEVNULL, stderr=log)
         log.close()
-        wait_for("the agent's /readyz", lambda: http_get(self.metrics, "/readyz")[0] == 200)
+        wait_for("the agent's /readyz", lambda: http_get(self.metrics, "/readyz", openapi=False)[0] == 200)
         # Step 10 begins before any map: the first map (decided by step 4 at the latest, effective
         # two steps later) comes late, at step 11.
         wait_for("the hint table mapped", lambda: c.begin_step(10) == 0 and c.state()["hints_mapped"])
