@@ -90,7 +90,7 @@ static int run(size_t nblocks, int decisions)
             changes += res.summary.precision_changes;
             out.len = 0;
             double t2 = now_us();
-            prism_telemetry_append(&out, p, &res.summary, 1.0);
+            prism_telemetry_append(&out, p, &res.summary, 1.0, NULL);
             tel[nd++] = now_us() - t2;
         } else if (ni < decisions) {
             ing[ni++] = t1 - t0;

@@ -68,7 +68,7 @@ static prism_status append_opt(prism_buf *b, bool present, double x)
 }
 
 prism_status prism_telemetry_append(prism_buf *b, const prism_policy *p, const prism_summary *s,
-                                    double timestamp)
+                                    double timestamp, const double *loss)
 {
     bool scored = s->scored > 0;
     prism_status st = PRISM_OK;
@@ -99,6 +99,10 @@ prism_status prism_telemetry_append(prism_buf *b, const prism_policy *p, const p
     TRY(append_str(b, prism_precision_name(s->low_precision)));
     TRY(append_str(b, "\",\"map_version\":"));
     TRY(append_u64(b, s->map_version));
+    if (loss) {
+        TRY(append_str(b, ",\"loss\":"));
+        TRY(prism_buf_append_double(b, *loss));
+    }
     TRY(append_str(b, ",\"block_details\":{"));
     size_t n = prism_policy_block_count(p);
     for (size_t i = 0; i < n; i++) {

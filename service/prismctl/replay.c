@@ -205,7 +205,7 @@ static prism_status drain(replay_state *r, prism_error *err)
         r->decisions++;
         r->out.len = 0;
         double ts = r->opt->fixed_time ? r->opt->timestamp : now_seconds();
-        if ((st = prism_telemetry_append(&r->out, r->policy, &res.summary, ts)))
+        if ((st = prism_telemetry_append(&r->out, r->policy, &res.summary, ts, NULL)))
             return prism_error_set(err, st, "out of memory");
         if (fwrite(r->out.data, 1, r->out.len, r->records) != r->out.len)
             return prism_error_set(err, PRISM_ERR_IO, "temporary file: %s", strerror(errno));

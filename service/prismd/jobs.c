@@ -895,7 +895,7 @@ static void rotate_telemetry(prismd_jobs *j, prismd_job *job, const char *name)
 }
 
 /* Appends the decision's record to the job's telemetry JSONL (DESIGN 4.4). */
-static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary *summary)
+static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary *summary, const double *loss)
 {
     const prism_config *cfg = prism_policy_config(job->policy);
     if (!cfg->telemetry_enabled || !j->limits.data_dir)
@@ -924,7 +924,7 @@ static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     j->line.len = 0;
-    if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9)) {
+    if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9, loss)) {
         prism_log(PRISM_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
         return;
     }
@@ -1004,7 +1004,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             broadcast_map(j, job);
         log_changes(job, &r);
         if (r.decided)
-            write_telemetry(j, job, &r.summary);
+            write_telemetry(j, job, &r.summary, m.has_loss ? &m.loss : NULL);
     }
 }
 

@@ -684,6 +684,20 @@ class GrpcTest(unittest.TestCase):
             lines = [json.loads(line) for line in f]
         self.assertEqual([r["step_id"] for r in lines], [2, 4])
 
+    def test_telemetry_carries_the_decision_steps_loss(self):
+        # The dashboard's loss chart: a record has "loss" (the decision step's, the mean over the
+        # ranks that sent one) when the step reported one, and no such key otherwise.
+        a = self.one_job_decided()
+        for step, loss in ((3, 7.0), (4, 2.5)):
+            a.send(step_report=pb.StepReport(step=step, loss=loss, blocks=[
+                pb.BlockGradStats(block_id=i, l2_norm=n, max_abs=1.0, numel=100) for i, n in enumerate((1.0, 3.0))]))
+        self.assertEqual(a.next().update.map_version, 2)
+        doc = self.prismd.json_until("/v1/jobs/job-r/telemetry", lambda d: len(d["records"]) == 2)
+        first, second = doc["records"]
+        self.assertEqual((first["step_id"], "loss" in first), (2, False))
+        self.assertEqual((second["step_id"], second["loss"]), (4, 2.5))
+        self.assertEqual(list(second)[-2:], ["loss", "block_details"])
+
     def prismctl(self, *args, token=None):
         env = dict(os.environ, PRISM_SERVER="http://" + self.prismd.http_addr)
         env.pop("PRISM_TOKEN", None)

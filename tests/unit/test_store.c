@@ -54,7 +54,7 @@ static void run_steps(prism_policy *p, uint64_t from, uint64_t to, prism_buf *ou
         prism_step_result r;
         CU_ASSERT_FATAL(prism_policy_add_step(p, step, b, n, &r, &err) == PRISM_OK);
         if (r.decided)
-            CU_ASSERT_FATAL(prism_telemetry_append(out, p, &r.summary, 1.0) == PRISM_OK);
+            CU_ASSERT_FATAL(prism_telemetry_append(out, p, &r.summary, 1.0, NULL) == PRISM_OK);
         if (store && (r.decided || r.map_changed))
             CU_ASSERT_FATAL(prismd_store_save_state(store, "job-1", p, r.decided_step, r.effective_step, r.changes,
                                                     r.change_count, NULL, &err) == PRISM_OK);

@@ -62,7 +62,7 @@ static json_t *record(const prism_policy *p, const prism_step_result *r, double 
 {
     CU_ASSERT_FATAL(r->decided);
     prism_buf b = {NULL, 0, 0};
-    CU_ASSERT_FATAL(prism_telemetry_append(&b, p, &r->summary, timestamp) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_telemetry_append(&b, p, &r->summary, timestamp, NULL) == PRISM_OK);
     CU_ASSERT_FATAL(b.len > 0);
     CU_ASSERT_EQUAL(b.data[b.len - 1], '\n');
     CU_ASSERT_PTR_NULL(memchr(b.data, '\n', b.len - 1));
@@ -419,7 +419,7 @@ static void test_records_append_one_line_each(void)
     for (uint64_t step = 1; step <= 3; step++) {
         prism_step_result r;
         feed(p, step, l2, 2, &r);
-        CU_ASSERT_FATAL(prism_telemetry_append(&b, p, &r.summary, (double)step) == PRISM_OK);
+        CU_ASSERT_FATAL(prism_telemetry_append(&b, p, &r.summary, (double)step, NULL) == PRISM_OK);
     }
     size_t lines = 0;
     const char *start = b.data;
