@@ -199,9 +199,7 @@ export function mapView(ctx: ViewContext, job: string): View {
     const stat = (k: string, v: string) => h("div", { class: "stat" }, h("span", { class: "k" }, k), h("span", { class: "v num" }, v));
     replace(
       stats,
-      stat("map decided at", num(m.decided_step)),
       stat("applies from", num(m.effective_step)),
-      stat("blocks", num(n)),
       stat("saving", pct(t?.estimated_bandwidth_saving_pct)),
       stat("last decision", t ? `step ${num(t.step_id)}` : DASH),
       stat("changes then", t ? num(t.precision_changes) : DASH),
@@ -243,6 +241,16 @@ export function mapView(ctx: ViewContext, job: string): View {
       const m = await getJson<BlockMap>(jobPath(job, "blocks"));
       blocks = m.blocks;
       mapVersion = m.map_version;
+      ctx.facts({
+        job_id: m.job_id,
+        step: m.step,
+        map_version: m.map_version,
+        decided_step: m.decided_step,
+        effective_step: m.effective_step,
+        agents_connected: m.agents_connected,
+        world_size: m.world_size,
+        blocks: m.blocks.length,
+      });
       drawText(m);
       draw();
       ctx.ready();
