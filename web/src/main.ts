@@ -158,6 +158,7 @@ function open(): void {
     facts: (f) => {
       if (gen === generation) noteFacts(f);
     },
+    current: () => facts,
   };
   view = makeView(ctx, route);
   const v = view;
@@ -176,21 +177,25 @@ function open(): void {
     const job = route.job;
     if (facts.job_id !== job) facts = { ...(jobs?.find((j) => j.job_id === job) ?? {}), job_id: job };
     drawJobHead();
-    /* Once per opened view, not a loop: the bar's step and ranks as they are now. */
-    void getJson<JobList>("v1/jobs").then(
-      (list) => {
-        jobs = list.jobs;
-        const j = list.jobs.find((x) => x.job_id === job);
-        if (j && gen === generation) noteFacts(j);
-      },
-      () => {},
-    );
+    /* Once per opened view, not a loop: the bar's step and ranks as they are now, before the
+     * view's first refresh (which sizes what it reads by the job's step and blocks). */
+    void getJson<JobList>("v1/jobs")
+      .then(
+        (list) => {
+          jobs = list.jobs;
+          const j = list.jobs.find((x) => x.job_id === job);
+          if (j && gen === generation) noteFacts(j);
+        },
+        () => {},
+      )
+      .then(() => {
+        if (gen === generation) refresh("open");
+      });
   }
   liveJob.watch(route.view === "jobs" ? null : route.job);
   window.scrollTo(0, 0);
   clearTimeout(pollTimer);
   if (route.view === "jobs") void pollJobs(gen);
-  else refresh("open");
   if (route.view === "ranks") pollTimer = setTimeout(function tick() {
     refresh("poll");
     pollTimer = setTimeout(tick, POLL_MS);

@@ -10,6 +10,8 @@ export interface ViewContext {
   error(e: unknown): void;
   /** facts about the job on screen that the view's answers carry, for the job bar */
   facts(f: Partial<Job>): void;
+  /** what the shell knows of the job on screen (v1/jobs' entry, read before the first refresh) */
+  current(): Partial<Job>;
   /** the latest GET v1/jobs (null before the first answer) */
   jobs(): Job[] | null;
 }
