@@ -133,9 +133,9 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
     async refresh(reason) {
       if (reason === "poll") return;
       const [b, c] = await Promise.all([getJson<BlockDetail>(jobPath(job, "blocks", id)), getJson<Config>(jobPath(job, "config"))]);
-      drawFacts(b, c);
       const now = ctx.current();
       if (windowStart === null) windowStart = historySince(now.step, now.blocks, c.update_interval_steps);
+      drawFacts(b, c);
       const since = points.length ? points[points.length - 1]!.step + 1 : windowStart;
       const more: BlockPoint[] = [];
       await eachTelemetry(job, since, (r) => more.push(toBlockPoint(r, id)));

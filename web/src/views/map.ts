@@ -75,7 +75,8 @@ export function mapView(ctx: ViewContext, job: string): View {
   const draw = () => {
     const top = wrap.getBoundingClientRect().top + window.scrollY;
     const maxHeight = Math.max(240, window.innerHeight - top - 24);
-    layout = gridLayout(blocks.length, Math.max(120, wrap.clientWidth), maxHeight);
+    drawnWidth = wrap.clientWidth;
+    layout = gridLayout(blocks.length, Math.max(120, drawnWidth), maxHeight);
     const dpr = window.devicePixelRatio || 1;
     canvas.style.width = `${layout.width}px`;
     canvas.style.height = `${layout.height}px`;
@@ -179,7 +180,11 @@ export function mapView(ctx: ViewContext, job: string): View {
     focus = Math.min(n - 1, Math.max(0, (focus < 0 ? 0 : focus) + d));
     showAt(focus);
   });
-  const resize = new ResizeObserver(() => draw());
+  /* A redraw when the width changes (the window, the layout), not when the map's own height does. */
+  let drawnWidth = -1;
+  const resize = new ResizeObserver(() => {
+    if (wrap.clientWidth !== drawnWidth && blocks.length) draw();
+  });
   resize.observe(wrap);
 
   const drawText = (m: BlockMap) => {
