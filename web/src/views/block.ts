@@ -8,6 +8,7 @@ import { h, replace, source, table } from "../dom";
 import { DASH, num } from "../format";
 import { PRECISIONS, precisionColour } from "../palette";
 import { type BlockPoint, type ThresholdBands, historySince, mergePoints, precisionRank, thresholdBands, toBlockPoint } from "../series";
+import { flipHint } from "../policy";
 import type { BlockDetail, Config } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
@@ -109,6 +110,16 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
       row("relative magnitude", f(b.relative_magnitude)),
       row("last switch", b.last_switch_step === null ? "never" : `step ${num(b.last_switch_step)} (${b.reason})`),
       row("forced", b.forced ? "yes (override)" : "no"),
+      row(
+        "next switch",
+        flipHint(b, {
+          bands: thresholdBands(c),
+          enabled: c.enabled,
+          mode: c.mode,
+          min_steps_between_switches: c.min_steps_between_switches,
+          step: ctx.current().step ?? null,
+        }),
+      ),
       row("bf16 threshold", num(c.bf16_threshold, 2)),
       row("low threshold", num(c.int8_threshold, 2)),
       row("hysteresis margin", num(c.hysteresis_margin, 2)),
