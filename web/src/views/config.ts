@@ -96,6 +96,17 @@ export function configView(ctx: ViewContext, job: string): View {
       status.textContent = e instanceof ApiError ? e.message : String(e);
     }),
   );
+  /* A token given after prismd refused to show the config (--require-read-token): read it now. */
+  token.addEventListener("change", () => {
+    if (configEditor.value !== "") return;
+    load(false).then(
+      () => {
+        ctx.error(null);
+        ctx.ready();
+      },
+      (e: unknown) => ctx.error(e),
+    );
+  });
   configSave.addEventListener("click", () => save(configSave, "PATCH", "config", configEditor.value));
   overridesSave.addEventListener("click", () => save(overridesSave, "PUT", "overrides", overridesEditor.value));
 
