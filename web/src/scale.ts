@@ -38,3 +38,22 @@ export function shares(counts: Readonly<Record<string, number>>, keys: readonly 
   }
   return out;
 }
+
+/**
+ * Whole percentages of fractions that sum to 100 when the fractions sum to 1 (largest
+ * remainder: each is rounded down, then the ones that lost most get a point back, earlier first
+ * on ties), so that "bf16 47 %, int8 54 %" cannot happen.
+ */
+export function wholePercents(fractions: readonly number[]): number[] {
+  const raw = fractions.map((f) => f * 100);
+  const out = raw.map(Math.floor);
+  const total = Math.round(raw.reduce((a, b) => a + b, 0));
+  let missing = total - out.reduce((a, b) => a + b, 0);
+  const order = raw.map((r, i) => ({ i, left: r - Math.floor(r) })).sort((a, b) => b.left - a.left || a.i - b.i);
+  for (const { i } of order) {
+    if (missing <= 0) break;
+    out[i]!++;
+    missing--;
+  }
+  return out;
+}

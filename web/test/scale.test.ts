@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { PRECISIONS } from "../src/palette";
-import { clamp, linear, shares } from "../src/scale";
+import { clamp, linear, shares, wholePercents } from "../src/scale";
 
 test("linear maps a domain onto a range, reversed ranges too", () => {
   assert.equal(linear(0, 1, 0, 100)(0.25), 25);
@@ -24,4 +24,13 @@ test("shares of a stacked bar: in the keys' order, empty ones left out", () => {
   assert.deepEqual(shares({ bf16: 29, int8: 19 }, ["bf16", "int8"]).map((s) => s.fraction), [29 / 48, 19 / 48]);
   assert.deepEqual(shares({}, PRECISIONS), []);
   assert.deepEqual(shares({ fp6: 2 }, PRECISIONS), [], "only the keys asked for");
+});
+
+test("whole percentages add up to 100", () => {
+  assert.deepEqual(wholePercents([22 / 48, 26 / 48]), [46, 54]);
+  assert.deepEqual(wholePercents([1 / 3, 1 / 3, 1 / 3]), [34, 33, 33]);
+  assert.deepEqual(wholePercents([0.994, 0.006]), [99, 1]);
+  assert.deepEqual(wholePercents([0.5, 0.5]), [50, 50]);
+  assert.deepEqual(wholePercents([1]), [100]);
+  assert.deepEqual(wholePercents([]), []);
 });

@@ -7,7 +7,7 @@ import { getJson } from "../api";
 import { h, replace, source, table } from "../dom";
 import { DASH, age, num, pct } from "../format";
 import { PRECISIONS, isPrecision, precisionColour } from "../palette";
-import { shares } from "../scale";
+import { shares, wholePercents } from "../scale";
 import type { BlockMap, Job, TelemetryPage } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
@@ -55,7 +55,8 @@ async function fetchDetail(job: Job): Promise<void> {
 function precisionBar(counts: Record<string, number>): HTMLElement {
   const keys = [...PRECISIONS, ...Object.keys(counts).filter((k) => !isPrecision(k)).sort()];
   const segs = shares(counts, keys);
-  const text = segs.map((s) => `${s.key} ${num(s.fraction * 100, 0)} %`).join(", ");
+  const percents = wholePercents(segs.map((s) => s.fraction));
+  const text = segs.map((s, i) => `${s.key} ${percents[i]} %`).join(", ");
   return h(
     "div",
     { class: "share" },
