@@ -1,0 +1,35 @@
+/* The shapes of prismd's REST answers, from the types web/build.mjs generates out of
+ * service/prismd/openapi.json (module "prism-api", in the build tree): the contract is the one
+ * source, and a change to it that breaks the dashboard fails the type check. */
+import type { components } from "prism-api";
+
+type S = components["schemas"];
+
+export type Precision = S["Precision"];
+export type Job = S["Job"];
+export type JobList = S["JobList"];
+export type Block = S["Block"];
+export type TelemetrySummary = S["Summary"];
+export type BlockMap = S["BlockMap"];
+export type Switch = S["Switch"];
+export type BlockDetail = S["BlockDetail"];
+export type BlockTelemetry = S["TelemetryBlock"];
+export type Config = S["Config"];
+export type ConfigChange = S["ConfigChange"];
+export type Device = S["Device"];
+export type Rank = S["Rank"];
+export type RanksAnswer = S["Ranks"];
+export type ApiErrorBody = S["Error"];
+export type MapEvent = S["MapEvent"];
+
+/**
+ * A telemetry record as the charts read it: block_details may be missing (the charts then count
+ * blocks from the summary), and a `loss` is drawn when a record carries one (DESIGN 4.4 has
+ * none today; the loss chart says so).
+ */
+export type TelemetryRecord = Omit<S["TelemetryRecord"], "block_details"> & {
+  block_details?: S["TelemetryRecord"]["block_details"];
+  loss?: number | null;
+};
+
+export type TelemetryPage = Omit<S["Telemetry"], "records"> & { records: TelemetryRecord[] };
