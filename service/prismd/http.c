@@ -1,12 +1,14 @@
 /* prismd's HTTP server (DESIGN 6, 12) on libmicrohttpd: the handler that answers every request,
  * prismd's own routes (/healthz, /readyz, /v1/config/defaults; one table, read by the handler and
- * by --help), and the dispatch of the rest to REST /v1 and /metrics (rest.c) and to the event
+ * by --help), the files embedded at build time (/v1/openapi.json and the dashboard at /,
+ * assets.h), and the dispatch of the rest to REST /v1 and /metrics (rest.c) and to the event
  * streams (events.c). Runs on libmicrohttpd's threads, answering from a server struct that
  * main.c fills and that is immutable once the daemon has started. */
 #define _GNU_SOURCE
 
 #include "http.h"
 
+#include "assets.h"
 #include "help.h"
 #include "http_guard.h"
 #include "log.h"
@@ -42,6 +44,8 @@ typedef struct prismd_reply {
     size_t body_len;          /* 0: strlen(body) */
     bool gzip;                /* body is gzip-compressed */
     const prismd_answer *stream; /* a streamed answer of REST (body NULL), or NULL */
+    bool persistent;          /* body is an embedded file: neither owned nor freed */
+    bool no_cache;            /* Cache-Control: no-cache */
 } prismd_reply;
 
 typedef void (*prismd_route_fn)(const prismd_server *srv, prismd_reply *reply);
@@ -393,6 +397,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, const char *metho
     size_t body_len = reply->body ? (reply->body_len ? reply->body_len : strlen(reply->body)) : 0;
     if (reply->stream) {
         resp = streamed_response(reply->stream);
+    } else if (reply->persistent) {
+        resp = MHD_create_response_from_buffer(body_len, reply->body, MHD_RESPMEM_PERSISTENT);
     } else if (reply->hold) {
         resp = MHD_create_response_from_buffer_with_free_callback_cls(body_len, reply->body, release_snapshot,
                                                                       reply->hold);
@@ -411,8 +417,10 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, const char *metho
                                                  reply->content_type ? reply->content_type : "application/json");
     if (ok == MHD_YES && reply->gzip)
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, "gzip");
-    if (ok == MHD_YES && reply->hold)
+    if (ok == MHD_YES && (reply->hold || reply->persistent))
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
+    if (ok == MHD_YES && reply->no_cache)
+        ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     if (ok == MHD_YES && reply->status == MHD_HTTP_METHOD_NOT_ALLOWED)
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
     if (ok == MHD_YES && retry_after_s) {
@@ -428,6 +436,19 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, const char *metho
     prismd_http_observe(reply->status, (double)(done.tv_sec - started->tv_sec) +
                                            (double)(done.tv_nsec - started->tv_nsec) / 1e9);
     return ok;
+}
+
+/* An embedded file (assets.h) as the answer: gzip-compressed when the client accepts it. */
+static void reply_asset(prismd_reply *reply, const prismd_asset *a, bool gzip)
+{
+    gzip = gzip && a->gzip;
+    reply->status = MHD_HTTP_OK;
+    reply->body = (char *)(uintptr_t)(gzip ? a->gzip : a->data);
+    reply->body_len = gzip ? a->gzip_len : a->len;
+    reply->gzip = gzip;
+    reply->content_type = a->content_type;
+    reply->persistent = true;
+    reply->no_cache = a->no_cache;
 }
 
 /* The first call of the handler for a request: sets its state up and answers at once a request
@@ -562,10 +583,15 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
         if (strcmp(url, prismd_routes[i].path) == 0)
             route = &prismd_routes[i];
     }
+    /* The embedded files: the OpenAPI document and the dashboard's (no token: the contract and a
+     * page that holds no data). */
+    const prismd_asset *asset = NULL;
+    if (!bad_path && !route)
+        asset = strcmp(url, "/v1/openapi.json") == 0 ? prismd_asset_openapi() : prismd_asset_find(url);
     bool readable = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                     strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     prismd_reply reply = {0};
-    const char *allowed = route ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
+    const char *allowed = route || asset ? PRISMD_ALLOWED_METHODS : prismd_rest_allowed(url);
     prismd_answer answer = {.accept_gzip = accepts_gzip(conn)};
     if (bad_path) {
         reply_error(&reply, MHD_HTTP_BAD_REQUEST, "invalid_argument", "the request path %s", path_problem);
@@ -574,7 +600,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
                     url);
     } else if (events_refused.body) {
         reply = (prismd_reply){events_refused.status, events_refused.body, events_refused.content_type, NULL, 0, false,
-                               NULL};
+                               NULL, false, false};
     } else if (events_job[0]) {
         reply_error(&reply, MHD_HTTP_NOT_FOUND, "not_found", "job %.128s does not exist", events_job);
     } else if (body && body->too_large) {
@@ -583,14 +609,16 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *conn, const
                     PRISMD_BODY_MAX);
     } else if (route && readable) {
         route->get(srv, &reply);
+    } else if (asset && readable) {
+        reply_asset(&reply, asset, accepts_gzip(conn));
     } else if (!route && readable && prismd_rest_get(&srv->rest, url, bearer(conn), query_arg, conn, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
-                               answer.gzip, answer.read ? &answer : NULL};
+                               answer.gzip, answer.read ? &answer : NULL, false, false};
     } else if (!route && (with_body || strcmp(method, MHD_HTTP_METHOD_DELETE) == 0) &&
                prismd_rest_mutate(&srv->rest, method, url, bearer(conn), body && body->data ? body->data : "",
                                   body ? body->len : 0, &answer)) {
         reply = (prismd_reply){answer.status, answer.body, answer.content_type, answer.hold, answer.body_len,
-                               answer.gzip, NULL};
+                               answer.gzip, NULL, false, false};
     } else {
         reply_error(&reply, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed",
                     "%.64s is not allowed on %.256s (allowed: %s)", method, url, allowed);
@@ -746,6 +774,8 @@ void prismd_http_print_help(FILE *out)
         prism_help_entry(out, label, prismd_routes[i].help, NULL);
     }
     static const char *const rest_routes[][2] = {
+        {"GET /v1/openapi.json", "the OpenAPI 3.1 description of every route (no token needed)"},
+        {"GET /", "the dashboard (and its files by name; no token needed)"},
         {"GET /v1/jobs", "jobs with step, map_version, agents connected, world_size"},
         {"GET /v1/jobs/JOB/blocks", "the block map (precision, scores, last switch, forced) and the last decision's telemetry"},
         {"GET /v1/jobs/JOB/blocks/ID", "one block with its recent switch history"},

@@ -5,6 +5,8 @@ import time
 import urllib.error
 import urllib.request
 
+import openapi_check
+
 
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -27,12 +29,25 @@ def wait_for(what, predicate, timeout_s=20, every_s=0.05):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def http_get(addr, path):
-    """(status, body) of GET http://addr/path; (None, "") when nothing answers."""
+def http_get(addr, path, openapi=True):
+    """(status, body) of GET http://addr/path; (None, "") when nothing answers. The answer is
+    checked against prismd's OpenAPI document (openapi_check.py) unless openapi is False (an
+    answer of something else than prismd: prism-agent's /metrics)."""
     try:
         with urllib.request.urlopen(f"http://{addr}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
+            status, headers, body = r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        status, headers, body = e.code, e.headers, e.read()
     except OSError:
         return None, ""
+    if openapi:
+        openapi_check.response("GET", path, _Head(status, headers), body)
+    return status, body.decode()
+
+
+class _Head:
+    """An answer's status and headers, as openapi_check.response reads them."""
+
+    def __init__(self, status, headers):
+        self.status = status
+        self.headers = headers

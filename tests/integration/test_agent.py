@@ -102,11 +102,11 @@ class AgentTest(unittest.TestCase):
                  os.path.join(self.dir, f"{name}.log"))
         p.metrics = metrics
         self.procs.append(p)
-        wait_for("the agent's /readyz", lambda: http_get(metrics, "/readyz")[0] == 200)
+        wait_for("the agent's /readyz", lambda: http_get(metrics, "/readyz", openapi=False)[0] == 200)
         return p
 
     def metric(self, agent, name):
-        text = http_get(agent.metrics, "/metrics")[1]
+        text = http_get(agent.metrics, "/metrics", openapi=False)[1]
         m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
         return float(m.group(1)) if m else None
 
@@ -202,7 +202,7 @@ class AgentTest(unittest.TestCase):
         self.assertLessEqual(self.metric(a, "prism_agent_upstream_backoff_seconds"), 0.4)
         self.assertGreaterEqual(self.metric(a, "prism_agent_upstream_backoff_seconds"), 0.05)
         self.assertEqual(self.metric(a, "prism_agent_upstream_connected"), 0)
-        text = http_get(a.metrics, "/metrics")[1]
+        text = http_get(a.metrics, "/metrics", openapi=False)[1]
         self.assertIn('prism_agent_reports_dropped_total{reason="disconnected"} 5\n', text)
         self.assertIn('msg="cannot reach prismd; keeping the last map"', a.text())
         self.assertEqual(c.begin_step(5), 0)
@@ -225,18 +225,18 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(c.begin_step(effective - 1), 0, "the map was used before its effective step")
         self.assertEqual(c.begin_step(effective), 1)
         self.assertEqual(c.precisions(), ["bf16", "bf16", "int8", "int8"])
-        wait_for("the ack", lambda: http_get(a.metrics, "/metrics")[1].count(
+        wait_for("the ack", lambda: http_get(a.metrics, "/metrics", openapi=False)[1].count(
             'prism_agent_messages_sent_total{kind="ack"} 1\n'))
         self.assertEqual(self.metric(a, "prism_agent_trainer_map_version"), 1)
         self.assertEqual(self.metric(a, "prism_agent_trainer_map_step"), effective)
 
-        status, text = http_get(a.metrics, "/metrics")
+        status, text = http_get(a.metrics, "/metrics", openapi=False)
         self.assertEqual(status, 200)
         for name in re.findall(r"^# TYPE (\S+) ", text, re.M):
             self.assertTrue(name.startswith("prism_agent_"), name)
             self.assertRegex(text, r"(?m)^%s(\{[^}]*\})? [0-9.e+-]+$" % re.escape(name))
-        self.assertEqual(http_get(a.metrics, "/healthz")[0], 200)
-        self.assertEqual(http_get(a.metrics, "/nope")[0], 404)
+        self.assertEqual(http_get(a.metrics, "/healthz", openapi=False)[0], 200)
+        self.assertEqual(http_get(a.metrics, "/nope", openapi=False)[0], 404)
 
         # SIGTERM: exit 0, the socket goes, the hint table stays.
         self.assertEqual(a.stop(), 0)

@@ -23,6 +23,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import grpc  # noqa: E402
+import openapi_check  # noqa: E402
 from prismtest import wait_for  # noqa: E402
 from test_grpc import BUILD, WAIT_S, Agent, Prismd, block_map  # noqa: E402
 from prism.v1 import prism_pb2 as pb  # noqa: E402
@@ -76,7 +77,10 @@ def events_status(prismd, job, token):
     try:
         conn.request("GET", "/v1/jobs/%s/events" % job,
                      headers={"Authorization": "Bearer " + token} if token else {})
-        return conn.getresponse().status
+        r = conn.getresponse()
+        # A refusal is JSON and read whole; a stream is checked on its status and Content-Type.
+        openapi_check.response("GET", "/v1/jobs/%s/events" % job, r, r.read() if r.status != 200 else b"")
+        return r.status
     finally:
         conn.close()
 
@@ -239,6 +243,7 @@ class AuthTest(unittest.TestCase):
         events = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
         events.request("GET", "/v1/jobs/job-a/events")
         stream = events.getresponse()
+        openapi_check.response("GET", "/v1/jobs/job-a/events", stream, b"")
         self.assertEqual(stream.readline(), b"event: map\n")
         for token, status, code in [(None, 401, "unauthenticated"), ("tok-a", 403, "permission_denied"),
                                     ("wrong", 403, "permission_denied")]:

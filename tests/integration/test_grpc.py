@@ -27,6 +27,7 @@ BUILD = os.environ.get("PRISM_BUILD_DIR", "build")
 sys.path.insert(0, os.path.join(BUILD, "python-gen"))
 
 import grpc  # noqa: E402
+import openapi_check  # noqa: E402
 from prism.v1 import prism_pb2 as pb  # noqa: E402
 
 WAIT_S = 10
@@ -69,7 +70,8 @@ class Prismd:
         grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
 
     def http(self, path, method="GET", body=None, token=None):
-        """(status, body) of a request to prismd's HTTP side."""
+        """(status, body) of a request to prismd's HTTP side, checked against prismd's OpenAPI
+        document (openapi_check.py)."""
         scheme = "https" if self.tls else "http"
         req = urllib.request.Request("%s://%s%s" % (scheme, self.http_addr, path), method=method,
                                      data=body.encode() if isinstance(body, str) else body)
@@ -78,11 +80,8 @@ class Prismd:
         context = ssl.create_default_context(cafile=self.tls) if self.tls else None
         if context:
             context.check_hostname = False  # the certificate names localhost; we dial 127.0.0.1
-        try:
-            with urllib.request.urlopen(req, timeout=WAIT_S, context=context) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
+        answer = openapi_check.urlopen(req, timeout=WAIT_S, context=context)
+        return answer.status, answer.body.decode()
 
     def json_until(self, path, ready):
         """GETs path until ready(body) holds; REST shows a snapshot published just after each
@@ -736,13 +735,13 @@ class GrpcTest(unittest.TestCase):
         doc = self.prismd.json_until("/v1/jobs/job-r/blocks", lambda d: d["map_version"] == 1)
         req = urllib.request.Request("http://%s/v1/jobs/job-r/blocks" % self.prismd.http_addr,
                                      headers={"Accept-Encoding": "gzip"})
-        with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+        with openapi_check.urlopen(req, timeout=WAIT_S) as r:
             self.assertEqual(r.headers["Content-Encoding"], "gzip")
             self.assertEqual(r.headers["Vary"], "Accept-Encoding")
             self.assertEqual(json.loads(gzip.decompress(r.read())), doc)
         req = urllib.request.Request("http://%s/v1/jobs" % self.prismd.http_addr,
                                      headers={"Accept-Encoding": "gzip;q=0"})
-        with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+        with openapi_check.urlopen(req, timeout=WAIT_S) as r:
             self.assertIsNone(r.headers["Content-Encoding"])
             self.assertEqual(json.loads(r.read())["jobs"][0]["job_id"], "job-r")
 
@@ -763,7 +762,7 @@ class GrpcTest(unittest.TestCase):
             self.assertEqual(doc["jobs"][0]["job_id"], "job-tls")
             # Plain HTTP and plain gRPC get nowhere.
             with self.assertRaises(Exception):
-                urllib.request.urlopen("http://%s/healthz" % self.prismd.http_addr, timeout=WAIT_S).read()
+                openapi_check.urlopen("http://%s/healthz" % self.prismd.http_addr, timeout=WAIT_S).read()
             plain = grpc.insecure_channel(self.prismd.grpc_addr)
             with self.assertRaises(grpc.FutureTimeoutError):
                 grpc.channel_ready_future(plain).result(timeout=1)
@@ -886,6 +885,7 @@ class GrpcTest(unittest.TestCase):
         conn = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
         conn.request("GET", "/v1/jobs/job-e/events")
         r = conn.getresponse()
+        openapi_check.response("GET", "/v1/jobs/job-e/events", r, b"")
         self.assertEqual((r.status, r.getheader("Content-Type")), (200, "text/event-stream"))
 
         def next_event():
@@ -893,6 +893,7 @@ class GrpcTest(unittest.TestCase):
             for _ in range(100):
                 line = r.readline().decode()
                 if line == "\n" and lines:
+                    openapi_check.sse_event("/v1/jobs/job-e/events", lines)
                     return lines
                 if line.strip() and not line.startswith(":"):
                     lines.append(line.rstrip("\n"))

@@ -12,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import openapi_check  # noqa: E402
 from test_grpc import Agent, Prismd  # noqa: E402
 
 WAIT_S = 30
@@ -31,7 +32,9 @@ def raw(addr, data):
     head, _, body = answer.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {k.lower(): v for k, v in (l.split(": ", 1) for l in lines[1:])}
-    return int(lines[0].split()[1]), headers, body
+    status = int(lines[0].split()[1])
+    openapi_check.raw(data, status, headers, body)
+    return status, headers, body
 
 
 def get(target, headers=b""):

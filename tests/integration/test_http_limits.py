@@ -18,6 +18,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import openapi_check  # noqa: E402
 from test_grpc import Agent, Prismd, free_port  # noqa: E402
 
 WAIT_S = 30  # generous: CI runs on a loaded 2-core machine
@@ -43,14 +44,17 @@ def connect_from(source, addr):
     return s
 
 
-def request(addr, path, source="127.0.0.1", method="GET", body=None, headers=None, timeout=WAIT_S):
-    """(status, headers, body) of one request on a new connection from source; bounded in time."""
+def request(addr, path, source="127.0.0.1", method="GET", body=None, headers=None, timeout=WAIT_S,
+            listener="http"):
+    """(status, headers, body) of one request on a new connection from source; bounded in time.
+    The answer is checked against prismd's OpenAPI document (listener "health": --health-listen)."""
     host, port = addr.rsplit(":", 1)
     c = http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0))
     try:
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
-        return r.status, dict(r.getheaders()), r.read().decode()
+        data = openapi_check.response(method, path, r, r.read(), listener=listener)
+        return r.status, dict(r.getheaders()), data.decode()
     finally:
         c.close()
 
@@ -308,15 +312,15 @@ class HttpLimitsTest(unittest.TestCase):
         for i in range(2, 8):
             self.attack(4, source="127.0.0.%d" % i)
         self.assertFalse(answers(p.http_addr))  # the main listener is full: a probe is closed at once
-        status, _, body = request(health, "/healthz", timeout=PROBE_S)
+        status, _, body = request(health, "/healthz", timeout=PROBE_S, listener="health")
         self.assertEqual((status, json.loads(body)), (200, {"status": "ok"}))
-        status, _, body = request(health, "/readyz", timeout=PROBE_S)
+        status, _, body = request(health, "/readyz", timeout=PROBE_S, listener="health")
         self.assertEqual((status, json.loads(body)["status"]), (200, "ready"))
-        status, _, body = request(health, "/v1/jobs")
+        status, _, body = request(health, "/v1/jobs", listener="health")
         self.assertEqual((status, json.loads(body)["error"]["code"]), (404, "not_found"))
         # One address against the health listener: 2 held, 3 refused, probes still answered.
         self.attack(5, addr=health)
-        status, _, _ = request(health, "/healthz", timeout=PROBE_S)
+        status, _, _ = request(health, "/healthz", timeout=PROBE_S, listener="health")
         self.assertEqual(status, 200)
         # /metrics is the main listener's, full until the attackers go.
         main_attackers = self.sockets[:24]

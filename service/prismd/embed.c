@@ -1,0 +1,230 @@
+/* prismd_embed: a build tool (never installed) that writes the C source of the files prismd
+ * serves from memory (assets.h): the OpenAPI document and the dashboard's files.
+ *
+ *   prismd_embed OUT.c OPENAPI.json FALLBACK.html [DIST_DIR]
+ *
+ * With DIST_DIR every regular file under it is embedded by its path relative to DIST_DIR (a
+ * dashboard build has index.html); without it FALLBACK.html is embedded as index.html and the
+ * source says the dashboard was not built. OUT.c is replaced only when its text changes, so an
+ * unchanged build recompiles nothing. Exit status 0, or 1 with a message on stderr. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+typedef struct buffer {
+    char *data;
+    size_t len, cap;
+} buffer;
+
+static void die(const char *what, const char *path)
+{
+    fprintf(stderr, "prismd_embed: %s %s: %s\n", what, path, strerror(errno));
+    exit(1);
+}
+
+static void put(buffer *b, const char *text, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 65536;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *grown = realloc(b->data, cap);
+        if (!grown) {
+            fprintf(stderr, "prismd_embed: out of memory\n");
+            exit(1);
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, text, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+static void puts_(buffer *b, const char *text)
+{
+    put(b, text, strlen(text));
+}
+
+/* The whole file at path, malloc'd, its size in *len. */
+static unsigned char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        die("cannot open", path);
+    buffer b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        put(&b, chunk, n);
+    if (ferror(f))
+        die("cannot read", path);
+    fclose(f);
+    *len = b.len;
+    if (!b.data)
+        put(&b, "", 0);
+    return (unsigned char *)b.data;
+}
+
+/* One array of the file's bytes (plus a NUL, so that text can be used as a string). */
+static void emit_bytes(buffer *out, const char *name, const unsigned char *data, size_t len)
+{
+    char line[64];
+    snprintf(line, sizeof line, "static const unsigned char %s[] = {", name);
+    puts_(out, line);
+    for (size_t i = 0; i < len; i++) {
+        snprintf(line, sizeof line, "%s%u,", i % 24 == 0 ? "\n    " : "", (unsigned)data[i]);
+        puts_(out, line);
+    }
+    puts_(out, "\n    0};\n");
+}
+
+typedef struct file_list {
+    char **names; /* relative to the dist directory */
+    size_t n, cap;
+} file_list;
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every regular file under dir/rel, recursively, names relative to dir. */
+static void walk(const char *dir, const char *rel, file_list *files)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s%s%s", dir, rel[0] ? "/" : "", rel);
+    DIR *d = opendir(path);
+    if (!d)
+        die("cannot open the directory", path);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sub[4096], full[8192];
+        snprintf(sub, sizeof sub, "%s%s%s", rel, rel[0] ? "/" : "", e->d_name);
+        snprintf(full, sizeof full, "%s/%s", dir, sub);
+        struct stat st;
+        if (stat(full, &st) != 0)
+            die("cannot stat", full);
+        if (S_ISDIR(st.st_mode)) {
+            walk(dir, sub, files);
+        } else if (S_ISREG(st.st_mode)) {
+            if (files->n == files->cap) {
+                files->cap = files->cap ? files->cap * 2 : 16;
+                files->names = realloc(files->names, files->cap * sizeof *files->names);
+                if (!files->names)
+                    die("out of memory at", full);
+            }
+            files->names[files->n++] = strdup(sub);
+        }
+    }
+    closedir(d);
+}
+
+/* A C string literal of s (file names: printable ASCII is all a dashboard build holds). */
+static void emit_string(buffer *out, const char *s)
+{
+    puts_(out, "\"");
+    for (; *s; s++) {
+        char c[8];
+        if (*s == '"' || *s == '\\')
+            snprintf(c, sizeof c, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+            snprintf(c, sizeof c, "\\%03o", (unsigned)(unsigned char)*s);
+        else
+            snprintf(c, sizeof c, "%c", *s);
+        puts_(out, c);
+    }
+    puts_(out, "\"");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: prismd_embed OUT.c OPENAPI.json FALLBACK.html [DIST_DIR]\n");
+        return 1;
+    }
+    const char *out_path = argv[1], *openapi = argv[2], *fallback = argv[3], *dist = argc == 5 ? argv[4] : NULL;
+    buffer out = {0};
+    puts_(&out, "/* Generated by prismd_embed (service/prismd/embed.c) at build time: never edit, never commit. */\n"
+                "#include \"assets.h\"\n\n");
+    size_t len;
+    unsigned char *data = slurp(openapi, &len);
+    emit_bytes(&out, "openapi_json", data, len);
+    free(data);
+    char line[256];
+    snprintf(line, sizeof line,
+             "const prismd_embedded prismd_embedded_openapi = {\"openapi.json\", openapi_json, %zuu};\n\n", len);
+    puts_(&out, line);
+
+    file_list files = {0};
+    if (dist) {
+        walk(dist, "", &files);
+        qsort(files.names, files.n, sizeof *files.names, by_name);
+    }
+    bool have_index = false;
+    for (size_t i = 0; i < files.n; i++)
+        have_index = have_index || strcmp(files.names[i], "index.html") == 0;
+    if (dist && !have_index) {
+        fprintf(stderr, "prismd_embed: %s has no index.html (did the dashboard build fail?)\n", dist);
+        return 1;
+    }
+    size_t count = dist ? files.n : 1;
+    size_t *lens = calloc(count ? count : 1, sizeof *lens);
+    for (size_t i = 0; i < count; i++) {
+        char path[8192], name[32];
+        if (dist)
+            snprintf(path, sizeof path, "%s/%s", dist, files.names[i]);
+        else
+            snprintf(path, sizeof path, "%s", fallback);
+        data = slurp(path, &lens[i]);
+        snprintf(name, sizeof name, "asset_%zu", i);
+        emit_bytes(&out, name, data, lens[i]);
+        free(data);
+    }
+    puts_(&out, "\nconst prismd_embedded prismd_embedded_assets[] = {\n");
+    for (size_t i = 0; i < count; i++) {
+        puts_(&out, "    {");
+        emit_string(&out, dist ? files.names[i] : "index.html");
+        snprintf(line, sizeof line, ", asset_%zu, %zuu},\n", i, lens[i]);
+        puts_(&out, line);
+    }
+    snprintf(line, sizeof line, "};\nconst size_t prismd_embedded_asset_count = %zuu;\nconst bool prismd_dashboard_built = %s;\n",
+             count, dist ? "true" : "false");
+    puts_(&out, line);
+    free(lens);
+    for (size_t i = 0; i < files.n; i++)
+        free(files.names[i]);
+    free(files.names);
+
+    /* Replaced only when different, through a temporary file renamed over it. */
+    FILE *old = fopen(out_path, "rb");
+    if (old) {
+        fclose(old);
+        size_t old_len;
+        unsigned char *old_text = slurp(out_path, &old_len);
+        bool same = old_len == out.len && memcmp(old_text, out.data, out.len) == 0;
+        free(old_text);
+        if (same) {
+            free(out.data);
+            return 0;
+        }
+    }
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        die("cannot create", tmp);
+    if (fwrite(out.data, 1, out.len, f) != out.len || fclose(f) != 0)
+        die("cannot write", tmp);
+    if (rename(tmp, out_path) != 0)
+        die("cannot rename to", out_path);
+    free(out.data);
+    return 0;
+}
