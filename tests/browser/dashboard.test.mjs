@@ -35,9 +35,9 @@ async function newPage(contextOptions = {}) {
 }
 
 /** Goes to a dashboard route by its hash (no reload once the page is loaded) and waits for it. */
-async function show(page, hash, view) {
+async function show(page, hash, view, watch) {
   await page.evaluate((h) => { window.location.hash = h; }, hash);
-  await viewReady(page, view, WAIT);
+  await viewReady(page, view, WAIT, watch);
 }
 
 /** The serious and critical axe-core violations of the page as it is, one line each. */
@@ -98,7 +98,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     const { context, page, watch } = await newPage();
     const train = jobs.train;
     await page.goto(`${base}#/`);
-    await viewReady(page, 'jobs', WAIT);
+    await viewReady(page, 'jobs', WAIT, watch);
     // Every job has its row; the 2-rank job, whose rank 1 lags and never acks, has a warning
     // when prismd reports rank facts in /v1/jobs.
     for (const id of Object.values(jobs))
@@ -119,7 +119,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     ];
     const violations = [];
     for (const [view, hash] of views) {
-      await show(page, hash, view);
+      await show(page, hash, view, watch);
       if (view === 'map') {
         await page.waitForSelector('#block-map[data-blocks="48"]', { timeout: WAIT });
         await page.waitForSelector('#legend', { timeout: WAIT });
@@ -139,7 +139,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
       violations.push(...(await axeViolations(page)).map((v) => `${view}: ${v}`));
     }
     // The map of the biggest job, as an engineer would see it.
-    await show(page, `#/jobs/${jobs['10k']}`, 'map');
+    await show(page, `#/jobs/${jobs['10k']}`, 'map', watch);
     await screenshot(page, 'map-10k');
     assert.deepEqual(violations, [], 'axe-core: serious or critical violations');
     assert.deepEqual(watch.problems, [], 'console errors, page errors, failed requests');
@@ -152,7 +152,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     const token = feed.ready.tokens[job];
     const block = feed.ready.stable_low[job][2];
     await page.goto(`${base}#/jobs/${job}`);
-    await viewReady(page, 'map', WAIT);
+    await viewReady(page, 'map', WAIT, watch);
     const blocks = await jsonUntil(`${base}v1/jobs/${job}/blocks`, (d) => d.blocks[block].precision !== 'bf16');
     const lowVersion = blocks.map_version;
     // The page shows the low block at its low colour (it may be a map version behind: wait).
@@ -232,7 +232,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     const configUrl = `${base}v1/jobs/${job}/config`;
     watch.expect('PATCH', `v1/jobs/${job}/config`, 401);
     await page.goto(`${base}#/jobs/${job}/config`);
-    await viewReady(page, 'config', WAIT);
+    await viewReady(page, 'config', WAIT, watch);
     const now = JSON.parse((await request(configUrl)).text);
     const margin = now.hysteresis_margin === 0.15 ? 0.12 : 0.15;
     const edited = JSON.parse(await page.locator('#config-editor').inputValue());
@@ -266,7 +266,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     const { context, page, watch } = await newPage();
     const job = jobs['10k'];
     await page.goto(`${base}#/jobs/${job}`);
-    await viewReady(page, 'map', WAIT);
+    await viewReady(page, 'map', WAIT, watch);
     await page.waitForSelector('#block-map[data-blocks="10000"]', { timeout: WAIT });
     const name = JSON.parse((await request(`${base}v1/jobs/${job}/blocks/9999`)).text).name;
     assert.equal(name, 'model.layers.99.mlp.experts.99');
@@ -291,7 +291,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     try {
       const job = jobs.train;
       await page.goto(`${proxy.url}#/jobs/${job}`);
-      await viewReady(page, 'map', WAIT);
+      await viewReady(page, 'map', WAIT, watch);
       await page.waitForSelector('#block-map[data-blocks="48"]', { timeout: WAIT });
       // The event stream came through the proxy (the first event is the map as it is).
       await page.waitForFunction((u) => window.__prismMapEvents.some((e) => e.url.startsWith(u)), `${proxy.url}v1/jobs/${job}/events`, { timeout: WAIT });
@@ -318,7 +318,7 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
       const opened = await newPage({ ignoreHTTPSErrors: true });
       context = opened.context;
       await opened.page.goto(`${tlsFeed.ready.base}#/`);
-      await viewReady(opened.page, 'jobs', WAIT);
+      await viewReady(opened.page, 'jobs', WAIT, opened.watch);
       await opened.page.waitForSelector(`#jobs-table tr[data-job="${tlsFeed.ready.jobs.train}"]`, { timeout: WAIT });
       assert.deepEqual(opened.watch.problems, []);
     } finally {

@@ -102,7 +102,7 @@ export function watchProblems(page) {
   const problems = [];
   const expected = [];
   const isExpected = (method, url, status) =>
-    expected.some((e) => (!e.method || e.method === method) && url.includes(e.urlPart) && (!e.status || e.status === status));
+    expected.some((e) => (!e.method || !method || e.method === method) && url.includes(e.urlPart) && (!e.status || e.status === status));
   page.on('console', (msg) => {
     if (msg.type() !== 'error') return;
     const text = msg.text();
@@ -132,7 +132,7 @@ export function watchProblems(page) {
  * XMLHttpRequest the page starts (window.__prismFetches: {t, url, method}), and marks the
  * document (window.__prismLoadMark) so that a reload shows. Listeners added in the constructor
  * run before the app's own, so t is the arrival, not the app's reaction. */
-export function instrument(page) {
+export async function instrument(page) {
   return page.addInitScript(() => {
     window.__prismMapEvents = [];
     window.__prismFetches = [];
@@ -185,7 +185,7 @@ export function prefixProxy(target, prefix) {
       ur.pipe(res);
     });
     up.on('error', (e) => { if (!res.headersSent) res.writeHead(502); res.end(String(e)); });
-    req.on('close', () => { if (!res.writableEnded) up.destroy(); });
+    // The browser went away (an EventSource closed): end the upstream request too.
     res.on('close', () => up.destroy());
     req.pipe(up);
   });
@@ -200,7 +200,17 @@ export function prefixProxy(target, prefix) {
   });
 }
 
-/** Waits until the view `name` has drawn its first data (#view[data-view=name][data-ready=true]). */
-export function viewReady(page, name, timeout = 60000) {
-  return page.waitForSelector(`#view[data-view="${name}"][data-ready="true"]`, { timeout });
+/** Waits until the view `name` has drawn its first data (#view[data-view=name][data-ready=true]);
+ * when it does not, the error says what the page showed and the problems seen so far. */
+export async function viewReady(page, name, timeout = 60000, watch = null) {
+  try {
+    await page.waitForSelector(`#view[data-view="${name}"][data-ready="true"]`, { timeout });
+  } catch (e) {
+    const shown = await page.evaluate(() => {
+      const v = document.getElementById('view');
+      return v ? `#view data-view=${v.dataset.view} data-ready=${v.dataset.ready}: ${v.textContent.slice(0, 300)}` : document.body.textContent.slice(0, 300);
+    }).catch(() => '?');
+    throw new Error(`the ${name} view never became ready (${e.message.split('\n')[0]}); the page shows ${shown}` +
+      (watch && watch.problems.length ? `; problems: ${watch.problems.join(' | ')}` : ''));
+  }
 }
