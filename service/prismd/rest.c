@@ -159,8 +159,9 @@ static char *blocks_piece(blocks_stream *b)
     char *piece = NULL, *text = NULL;
     json_t *obj = NULL;
     switch (b->stage) {
-    case 0: /* {"job_id":...,"blocks":[ */
+    case 0: /* {"job_id":...,"blocks":[ (the job's block count dropped: the array takes its place) */
         obj = job_json(j);
+        json_object_del(obj, "blocks");
         text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text && asprintf(&piece, "%.*s,\"blocks\":[", (int)strlen(text) - 1, text) < 0)
             piece = NULL;

@@ -2,7 +2,7 @@
 // Checks prismd's HTTP answers against its OpenAPI document (service/prismd/openapi.json), for
 // the integration tests: a long-running process that reads one JSON line per answer on stdin,
 //   {"method", "path" (with its query), "status", "content_type", "body", "headers" (optional,
-//    names in lower case)}
+//    names in lower case), "body_omitted" (optional: a body that is not JSON, not sent)}
 // and writes one JSON line per answer, {"ok": true} or {"ok": false, "error": "..."}.
 //
 // An answer passes when the document lists its path (matched against the path templates, the
@@ -16,7 +16,8 @@
 // {"kind": "event", "path", "event", "data"} checks one server-sent event's data against the
 // schema the stream's response names for it (x-prism-event-data).
 //
-// Usage: node openapi_check.mjs [OPENAPI_JSON]  (default: the source tree's document).
+// Usage: node openapi_check.mjs [--self-check] [OPENAPI_JSON]  (default: the source tree's
+// document); --self-check checks the document itself and exits.
 // ajv and ajv-formats come from web/node_modules (scripts/install-deps.sh runs npm ci there).
 import { createRequire } from "node:module";
 import { readFileSync, existsSync } from "node:fs";
@@ -26,7 +27,7 @@ import { createInterface } from "node:readline";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const source = resolve(here, "..", "..");
-const docPath = process.argv[2] || join(source, "service", "prismd", "openapi.json");
+const docPath = process.argv.slice(2).find((a) => !a.startsWith("--")) || join(source, "service", "prismd", "openapi.json");
 const webPackage = join(source, "web", "package.json");
 
 function fatal(message) {
@@ -170,7 +171,7 @@ function check(a) {
   const content = resp.content ?? {};
   const body = a.body ?? "";
   if (Object.keys(content).length === 0) {
-    return body === "" ? null : `${where}: the document says no body, got ${body.length} bytes`;
+    return body === "" && !a.body_omitted ? null : `${where}: the document says no body, got one`;
   }
   const ct = normType(a.content_type);
   const mediaKey = Object.keys(content).find((k) => normType(k) === ct);
@@ -211,6 +212,76 @@ function checkEvent(a) {
   const validate = validatorFor(`${template} event ${a.event}`, schema);
   if (!validate(value)) return `${where}: the data does not match: ${describe(validate.errors)}; data: ${String(a.data).slice(0, 300)}`;
   return null;
+}
+
+// --self-check: the document itself. Every $ref resolves, every schema compiles, every path
+// template's parameters are declared, every operation has responses, each with a description.
+function selfCheck() {
+  const problems = [];
+  const walk = (node, where) => {
+    if (Array.isArray(node)) return node.forEach((n, i) => walk(n, `${where}/${i}`));
+    if (!node || typeof node !== "object") return;
+    if (typeof node.$ref === "string") {
+      try {
+        deref(node);
+      } catch {
+        problems.push(`${where}: $ref ${node.$ref} does not resolve`);
+      }
+    }
+    for (const [k, v] of Object.entries(node)) walk(v, `${where}/${k}`);
+  };
+  walk(doc, "#");
+  if (!/^3\.1\./.test(doc.openapi ?? "")) problems.push(`openapi is ${doc.openapi}, not 3.1.x`);
+  for (const name of Object.keys(doc.components?.schemas ?? {})) {
+    try {
+      validatorFor(`component ${name}`, { $ref: `${SCHEMA_PREFIX}${name}` });
+    } catch (e) {
+      problems.push(`components.schemas.${name}: ${e.message}`);
+    }
+  }
+  const methods = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
+  for (const [template, item] of Object.entries(doc.paths ?? {})) {
+    const names = [...template.matchAll(/\{([^}]+)\}/g)].map((m) => m[1]);
+    for (const method of methods.filter((m) => item[m])) {
+      const op = item[method];
+      const where = `${method.toUpperCase()} ${template}`;
+      const params = [...(item.parameters ?? []), ...(op.parameters ?? [])].map((p) => {
+        try {
+          return deref(p);
+        } catch {
+          return {};
+        }
+      });
+      for (const n of names)
+        if (!params.some((p) => p.in === "path" && p.name === n && p.required === true))
+          problems.push(`${where}: path parameter ${n} is not declared (required, in: path)`);
+      if (!op.responses || Object.keys(op.responses).length === 0) problems.push(`${where}: no responses`);
+      for (const [status, r0] of Object.entries(op.responses ?? {})) {
+        let r;
+        try {
+          r = deref(r0);
+        } catch {
+          continue;
+        }
+        if (!r.description) problems.push(`${where} ${status}: no description`);
+        for (const [media, m] of Object.entries(r.content ?? {})) {
+          try {
+            if (m.schema) validatorFor(`${where} ${status} ${media}`, m.schema);
+          } catch (e) {
+            problems.push(`${where} ${status} ${media}: ${e.message}`);
+          }
+        }
+      }
+    }
+  }
+  return problems;
+}
+
+if (process.argv.includes("--self-check")) {
+  const problems = selfCheck();
+  for (const p of problems) process.stderr.write(`openapi_check: ${p}\n`);
+  process.stdout.write(`${problems.length} problems in ${docPath}\n`);
+  process.exit(problems.length ? 1 : 0);
 }
 
 const rl = createInterface({ input: process.stdin, crlfDelay: Infinity });

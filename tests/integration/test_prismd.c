@@ -257,6 +257,29 @@ static void header_value(const char *headers, const char *name, char *out, size_
     }
 }
 
+/* Appends one answer to the file named by PRISM_OPENAPI_ANSWERS (ctest sets it), one JSON line
+ * of openapi_check.py's form, for the test that validates every answer against prismd's OpenAPI
+ * document after this one (tests/openapi.cmake). A request path or body that is not UTF-8 is
+ * written as "<not UTF-8>", which the check refuses. */
+static void record_answer(const char *method, const char *path, const http_response *res)
+{
+    const char *file = getenv("PRISM_OPENAPI_ANSWERS");
+    if (!file || !file[0])
+        return;
+    json_t *p = json_string(path), *b = json_stringn(res->body, res->body_len);
+    json_t *headers = res->allow[0] ? json_pack("{s:s}", "allow", res->allow) : json_object();
+    json_t *line = json_pack("{s:s, s:o, s:i, s:s, s:o, s:o}", "method", method, "path",
+                             p ? p : json_string("<not UTF-8>"), "status", res->status, "content_type",
+                             res->content_type, "body", b ? b : json_string("<not UTF-8>"), "headers", headers);
+    FILE *f = line ? fopen(file, "a") : NULL;
+    if (f) {
+        json_dumpf(line, f, JSON_COMPACT);
+        fputc('\n', f);
+        fclose(f);
+    }
+    json_decref(line);
+}
+
 /* Returns 0 and fills res when a whole response came back, -1 otherwise. */
 static int http_request(const prismd_proc *p, const char *method, const char *path,
                         http_response *res)
@@ -328,6 +351,7 @@ static int http_request(const prismd_proc *p, const char *method, const char *pa
     res->body[body_len] = '\0';
     res->body_len = body_len;
     res->status = status;
+    record_answer(method, path, res);
     return 0;
 }
 
@@ -677,8 +701,12 @@ static void test_unknown_path_answers_404_not_found(void)
     assert_error_body(404, "not_found", "no route for GET /nope");
     CU_ASSERT_EQUAL(http_request(&p, "DELETE", "/v1/nothing", &g_res), 0);
     assert_error_body(404, "not_found", "no route for DELETE /v1/nothing");
+    CU_ASSERT_EQUAL(http_request(&p, "GET", "/index.htm", &g_res), 0);
+    assert_error_body(404, "not_found", "no route for GET /index.htm");
+    /* / is the dashboard (or the page saying it was not built), not JSON. */
     CU_ASSERT_EQUAL(http_request(&p, "GET", "/", &g_res), 0);
-    assert_error_body(404, "not_found", "no route for GET /");
+    CU_ASSERT_EQUAL(g_res.status, 200);
+    CU_ASSERT_STRING_EQUAL(g_res.content_type, "text/html; charset=utf-8");
     CU_ASSERT_EQUAL(prismd_stop(&p, SIGTERM), 0);
 }
 
@@ -967,6 +995,12 @@ int main(int argc, char **argv)
 {
     umask(022);
     signal(SIGPIPE, SIG_IGN);
+    const char *answers = getenv("PRISM_OPENAPI_ANSWERS");
+    if (answers && answers[0]) { /* this run's answers only */
+        FILE *f = fopen(answers, "w");
+        if (f)
+            fclose(f);
+    }
     atexit(kill_leftovers);
     return prism_test_main(argc, argv, suites);
 }
