@@ -1,0 +1,145 @@
+/* Telemetry records (one per decision, DESIGN 4.4) turned into what the charts draw. A record
+ * of a big job carries every block's details; they are read once, counted or picked from, and
+ * not kept. */
+import type { TelemetryRecord } from "./types";
+import { PRECISIONS, isPrecision } from "./palette";
+
+/** What the charts keep of one record. */
+export interface TelemetryPoint {
+  step: number;
+  timestamp: number;
+  saving: number;
+  changes: number;
+  loss: number | null;
+  meanSensitivity: number | null;
+  minSensitivity: number | null;
+  maxSensitivity: number | null;
+  /** blocks per precision: counted from block_details when present, else bf16 and the low format */
+  counts: Record<string, number>;
+}
+
+/** One record's point. */
+export function toPoint(r: TelemetryRecord): TelemetryPoint {
+  const counts: Record<string, number> = {};
+  if (r.block_details && Object.keys(r.block_details).length > 0) {
+    for (const id in r.block_details) {
+      const p = r.block_details[id]!.precision;
+      counts[p] = (counts[p] ?? 0) + 1;
+    }
+  } else {
+    counts["bf16"] = r.blocks_bf16;
+    counts[r.low_precision] = (counts[r.low_precision] ?? 0) + r.blocks_int8;
+  }
+  return {
+    step: r.step_id,
+    timestamp: r.timestamp,
+    saving: r.estimated_bandwidth_saving_pct,
+    changes: r.precision_changes,
+    loss: typeof r.loss === "number" && Number.isFinite(r.loss) ? r.loss : null,
+    meanSensitivity: r.mean_sensitivity,
+    minSensitivity: r.min_sensitivity,
+    maxSensitivity: r.max_sensitivity,
+    counts,
+  };
+}
+
+/**
+ * points and more, ordered by step, one point per step (a later one replaces an earlier one of
+ * the same step: a record read again after a refetch).
+ */
+export function mergePoints<T extends { step: number }>(points: readonly T[], more: readonly T[]): T[] {
+  const byStep = new Map<number, T>();
+  for (const p of points) byStep.set(p.step, p);
+  for (const p of more) byStep.set(p.step, p);
+  return [...byStep.values()].sort((a, b) => a.step - b.step);
+}
+
+export interface ChartSeries {
+  steps: number[];
+  saving: number[];
+  changes: number[];
+  /** null where a record had no loss */
+  loss: (number | null)[];
+  /** true when at least one record reported a loss */
+  hasLoss: boolean;
+  mean: (number | null)[];
+  min: (number | null)[];
+  max: (number | null)[];
+  /** the precisions seen in any record, most precise first, unknown names last */
+  precisions: string[];
+  /** blocks per precision, one array per entry of precisions; 0 where a record had none */
+  perPrecision: number[][];
+}
+
+/** The columns of the charts over steps, from points ordered by step. */
+export function chartSeries(points: readonly TelemetryPoint[]): ChartSeries {
+  const seen = new Set<string>();
+  for (const p of points) for (const k in p.counts) seen.add(k);
+  const precisions = [
+    ...PRECISIONS.filter((p) => seen.has(p)),
+    ...[...seen].filter((p) => !isPrecision(p)).sort(),
+  ];
+  return {
+    steps: points.map((p) => p.step),
+    saving: points.map((p) => p.saving),
+    changes: points.map((p) => p.changes),
+    loss: points.map((p) => p.loss),
+    hasLoss: points.some((p) => p.loss !== null),
+    mean: points.map((p) => p.meanSensitivity),
+    min: points.map((p) => p.minSensitivity),
+    max: points.map((p) => p.maxSensitivity),
+    precisions,
+    perPrecision: precisions.map((k) => points.map((p) => p.counts[k] ?? 0)),
+  };
+}
+
+/** What the block view keeps of one record: that block's figures at that decision. */
+export interface BlockPoint {
+  step: number;
+  precision: string | null;
+  sensitivity: number | null;
+  gradScore: number | null;
+  errorScore: number | null;
+}
+
+/** Block id's point of a record; precision null when the record does not list the block. */
+export function toBlockPoint(r: TelemetryRecord, id: number): BlockPoint {
+  const d = r.block_details?.[String(id)];
+  return {
+    step: r.step_id,
+    precision: d ? d.precision : null,
+    sensitivity: d ? d.sensitivity : null,
+    gradScore: d ? d.grad_score : null,
+    errorScore: d ? d.error_score : null,
+  };
+}
+
+/**
+ * The y value of a precision on the block view's precision chart: its index in PRECISIONS
+ * counted from the bottom (int4 0 .. bf16 4), so higher is more precise; null for none.
+ */
+export function precisionRank(p: string | null): number | null {
+  if (p === null || !isPrecision(p)) return null;
+  return PRECISIONS.length - 1 - PRECISIONS.indexOf(p);
+}
+
+/** Bands of the block view's sensitivity chart from the job's config (DESIGN 4.1, 4.2). */
+export interface ThresholdBands {
+  bf16: number;
+  low: number;
+  /** below this a BF16 block goes low: low - hysteresis_margin (never below 0) */
+  leaveBf16: number;
+}
+
+/**
+ * The thresholds a decision compares a score with: at or above bf16 a block goes (or stays)
+ * BF16; below low a fresh block goes low; a BF16 block goes low only below leaveBf16. Between
+ * leaveBf16 and bf16 a block keeps the precision it has: the hysteresis band.
+ */
+export function thresholdBands(config: { bf16_threshold: number; int8_threshold: number; hysteresis_margin: number }): ThresholdBands {
+  return {
+    bf16: config.bf16_threshold,
+    low: config.int8_threshold,
+    leaveBf16: Math.max(0, config.int8_threshold - config.hysteresis_margin),
+  };
+}
