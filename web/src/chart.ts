@@ -25,6 +25,8 @@ export interface ChartSpec {
   /** the y axis' tick labels */
   yValues?: (v: number) => string;
   ySplits?: number[];
+  /** width of the y axis in CSS pixels (56) */
+  ySize?: number;
   /** draws over the plot, under the series (thresholds, bands) */
   under?: (u: uPlot) => void;
 }
@@ -56,7 +58,7 @@ export function makeChart(container: HTMLElement, spec: ChartSpec, data: uPlot.A
     cursor: { drag: { x: true, y: false }, points: { size: 6 } },
     legend: { live: true },
     scales: { x: { time: false }, y: spec.yRange ? { range: spec.yRange } : { auto: true } },
-    axes: [axis((v) => String(v)), Object.assign(axis(spec.yValues, spec.ySplits), { size: 56 })],
+    axes: [axis((v) => String(v)), Object.assign(axis(spec.yValues, spec.ySplits), { size: spec.ySize ?? 56 })],
     series: [
       { label: "step", value: (_u, v) => (v === null ? "—" : String(v)) },
       ...spec.series.map(
@@ -67,7 +69,7 @@ export function makeChart(container: HTMLElement, spec: ChartSpec, data: uPlot.A
           fill: s.fill,
           dash: s.dash,
           spanGaps: false,
-          points: { show: s.points ?? false, size: 4, fill: s.colour },
+          points: s.points === undefined ? { size: 5, fill: s.colour } : { show: s.points, size: 5, fill: s.colour },
           paths: s.stepped ? uPlot.paths.stepped!({ align: 1 }) : undefined,
           value: s.value ? (_u, v) => s.value!(v) : undefined,
         }),

@@ -48,3 +48,8 @@ export function table(
   );
   return { table: t, body };
 }
+
+/** A link to the REST answer a panel shows (relative, as every URL of the page). */
+export function source(path: string): HTMLAnchorElement {
+  return h("a", { class: "src", href: path, target: "_blank", rel: "noopener", title: `GET ${path}` }, path);
+}

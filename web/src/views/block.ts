@@ -4,7 +4,7 @@
 import type uPlot from "uplot";
 import { eachTelemetry, getJson } from "../api";
 import { type Chart, hband, hline, makeChart } from "../chart";
-import { h, replace, table } from "../dom";
+import { h, replace, source, table } from "../dom";
 import { DASH, num } from "../format";
 import { PRECISIONS, precisionColour } from "../palette";
 import { type BlockPoint, type ThresholdBands, mergePoints, precisionRank, thresholdBands, toBlockPoint } from "../series";
@@ -30,7 +30,7 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
     h(
       "div",
       { class: "block" },
-      h("section", { class: "panel" }, title, facts, h("h2", null, "Switches (newest first)"), history),
+      h("section", { class: "panel" }, h("div", { class: "panel-head" }, title, source(jobPath(job, "blocks", id))), facts, h("h2", null, "Switches (newest first)"), history),
       h(
         "div",
         { class: "block-charts" },
@@ -66,7 +66,7 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
           label: `Sensitivity of block ${id} over the run, with the thresholds`,
           yRange: [0, 1],
           series: [
-            { label: "score", colour: "#f5f7fa", width: 2, points: true },
+            { label: "score", colour: "#f5f7fa", width: 2 },
             { label: "grad part", colour: "#56b4e9", dash: [3, 3] },
             { label: "error part", colour: "#cc79a7", dash: [3, 3] },
           ],
@@ -82,6 +82,7 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
         {
           label: `Precision of block ${id} over the run`,
           height: 150,
+          ySize: 76,
           yRange: [-0.5, PRECISIONS.length - 0.5],
           ySplits: order.map((_, i) => i),
           yValues: (v) => order[v] ?? "",

@@ -4,10 +4,11 @@
 import type uPlot from "uplot";
 import { eachTelemetry } from "../api";
 import { type Chart, makeChart } from "../chart";
-import { h, replace } from "../dom";
+import { h, replace, source } from "../dom";
 import { num } from "../format";
 import { precisionColour } from "../palette";
 import { type TelemetryPoint, chartSeries, mergePoints, toPoint } from "../series";
+import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
 
 /** Points kept per job while the page is open, so that a refresh reads only new records. */
@@ -45,7 +46,7 @@ export function chartsView(ctx: ViewContext, job: string): View {
     h(
       "div",
       { class: "charts" },
-      panels.map((p) => h("section", { class: "panel chart", "data-chart": p.key, "aria-label": p.title }, h("h2", null, p.title), p.note, p.box)),
+      panels.map((p) => h("section", { class: "panel chart", "data-chart": p.key, "aria-label": p.title }, h("div", { class: "panel-head" }, h("h2", null, p.title), source(jobPath(job, "telemetry"))), p.note, p.box)),
     ),
   );
   let precisionsKey = "";
@@ -70,7 +71,7 @@ export function chartsView(ctx: ViewContext, job: string): View {
       key !== precisionsKey,
     );
     precisionsKey = key;
-    put(switches, { label: switches.title, series: [{ label: "changes", colour: "#e69f00", stepped: true, points: true }] }, [x, s.changes]);
+    put(switches, { label: switches.title, series: [{ label: "changes", colour: "#e69f00", stepped: true }] }, [x, s.changes]);
     put(
       sensitivity,
       {

@@ -3,7 +3,7 @@
  * error.message verbatim when it refuses. An editor the user has touched is not overwritten by
  * a refresh. */
 import { ApiError, getJson, getToken, mutate, setToken } from "../api";
-import { h, replace } from "../dom";
+import { h, replace, source } from "../dom";
 import type { Config, ConfigChange } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
@@ -34,7 +34,12 @@ export function configView(ctx: ViewContext, job: string): View {
       h(
         "section",
         { class: "panel" },
-        h("h2", null, h("label", { for: "config-editor" }, "Config"), " ", h("span", { class: "muted" }, "(PATCH validates every key, applies at the next decision)")),
+        h(
+          "div",
+          { class: "panel-head" },
+          h("h2", null, h("label", { for: "config-editor" }, "Config"), " ", h("span", { class: "muted" }, "(PATCH validates every key, applies at the next decision)")),
+          source(jobPath(job, "config")),
+        ),
         configEditor,
         h("div", { class: "actions" }, configSave),
       ),

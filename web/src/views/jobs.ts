@@ -2,7 +2,7 @@
  * of blocks at each precision, the saving and the time since the last decision, read from the
  * job's block map and last telemetry record only when the job moved on. */
 import { getJson } from "../api";
-import { h, replace, table } from "../dom";
+import { h, replace, source, table } from "../dom";
 import { DASH, age, num, pct } from "../format";
 import { PRECISIONS, isPrecision, precisionColour } from "../palette";
 import { shares } from "../scale";
@@ -81,7 +81,7 @@ export function jobsView(ctx: ViewContext): View {
     { label: "status" },
   ]);
   const empty = h("p", { class: "empty", hidden: true }, "No jobs yet: prismd lists a job once an agent says Hello.");
-  replace(ctx.body, h("section", { class: "panel" }, h("h1", null, "Jobs"), t, empty));
+  replace(ctx.body, h("section", { class: "panel" }, h("div", { class: "panel-head" }, h("h1", null, "Jobs"), source("v1/jobs")), t, empty));
 
   const draw = (jobs: Job[]) => {
     const now = Date.now() / 1000;

@@ -3,7 +3,7 @@
  * arithmetic on the grid (grid.ts). The canvas is an image to assistive technology, with a
  * text summary beside it. */
 import { getJson } from "../api";
-import { h, replace } from "../dom";
+import { h, replace, source } from "../dom";
 import { DASH, num, pct } from "../format";
 import { type GridLayout, cellAt, cellCentre, cellOrigin, gridLayout } from "../grid";
 import {
@@ -63,7 +63,7 @@ export function mapView(ctx: ViewContext, job: string): View {
   const summary = h("p", { id: "map-summary", class: "summary" });
   const stats = h("div", { class: "stats" });
   const wrap = h("div", { class: "map-wrap" }, canvas, hover);
-  replace(ctx.body, h("section", { class: "panel" }, stats, legend, summary, wrap), tooltip);
+  replace(ctx.body, h("section", { class: "panel" }, h("div", { class: "panel-head" }, stats, source(jobPath(job, "blocks"))), legend, summary, wrap), tooltip);
 
   let blocks: Block[] = [];
   let colours: string[] = [];
@@ -199,9 +199,7 @@ export function mapView(ctx: ViewContext, job: string): View {
     const stat = (k: string, v: string) => h("div", { class: "stat" }, h("span", { class: "k" }, k), h("span", { class: "v num" }, v));
     replace(
       stats,
-      stat("step", num(m.step)),
-      stat("map version", num(m.map_version)),
-      stat("decided at", num(m.decided_step)),
+      stat("map decided at", num(m.decided_step)),
       stat("applies from", num(m.effective_step)),
       stat("blocks", num(n)),
       stat("saving", pct(t?.estimated_bandwidth_saving_pct)),

@@ -2,18 +2,18 @@
  * got and which map it acknowledged. Polled with the shell's 5 s tick: ranks move on without
  * map events. */
 import { getJson } from "../api";
-import { h, replace, table } from "../dom";
+import { h, replace, source, table } from "../dom";
 import { DASH, bytes, num, si } from "../format";
 import type { Rank, RanksAnswer } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
 
-function flags(r: Rank, mapVersion: number): HTMLElement {
+function flags(r: Rank): HTMLElement {
   if (!r.connected) return h("span", { class: "muted" }, "not connected");
   const bad: string[] = [];
   if (r.lagging) bad.push("lagging");
-  if (!r.acked_current_map) bad.push(`not acked v${mapVersion}`);
-  return bad.length ? h("span", { class: "warn" }, `⚠ ${bad.join(" · ")}`) : h("span", { class: "ok" }, "ok");
+  if (!r.acked_current_map) bad.push("not acked");
+  return bad.length ? h("span", { class: "warn", title: `acknowledged map version ${r.acked_map_version ?? "none"}` }, `⚠ ${bad.join(" · ")}`) : h("span", { class: "ok" }, "ok");
 }
 
 export function ranksView(ctx: ViewContext, job: string): View {
@@ -21,22 +21,19 @@ export function ranksView(ctx: ViewContext, job: string): View {
     { label: "rank", num: true },
     { label: "connected" },
     { label: "node" },
-    { label: "device class" },
-    { label: "device" },
+    { label: "device", title: "device class and name" },
     { label: "memory", num: true },
-    { label: "BF16 ops/s", num: true },
-    { label: "INT8 ops/s", num: true },
-    { label: "FP8 ops/s", num: true },
-    { label: "H2D B/s", num: true },
+    { label: "ops/s bf16 · int8 · fp8", num: true, title: "measured matrix-multiply throughput" },
+    { label: "h2d", num: true, title: "host-to-device bandwidth, bytes/s" },
     { label: "last step", num: true },
     { label: "acked map", num: true },
-    { label: "applied from", num: true, title: "the step the acknowledged map applies from" },
-    { label: "reports dropped", num: true },
-    { label: "late switches", num: true },
+    { label: "from step", num: true, title: "the step the acknowledged map applies from" },
+    { label: "dropped", num: true, title: "step reports the trainer dropped (as the rank's agent knows)" },
+    { label: "late", num: true, title: "late switches: maps applied after their effective step (as the rank's agent knows)" },
     { label: "status" },
   ]);
   const note = h("p", { class: "note" });
-  replace(ctx.body, h("section", { class: "panel wide" }, h("h2", null, "Ranks"), note, t));
+  replace(ctx.body, h("section", { class: "panel wide" }, h("div", { class: "panel-head" }, h("h2", null, "Ranks"), source(jobPath(job, "ranks"))), note, t));
   return {
     async refresh() {
       const a = await getJson<RanksAnswer>(jobPath(job, "ranks"));
@@ -50,19 +47,16 @@ export function ranksView(ctx: ViewContext, job: string): View {
             h("th", { scope: "row", class: "num" }, String(r.rank)),
             h("td", null, r.connected ? "yes" : "no"),
             h("td", null, r.node ?? DASH),
-            h("td", null, r.device?.device_class ?? DASH),
-            h("td", null, r.device?.device_name ?? DASH),
+            h("td", { title: r.device?.device_name ?? null }, r.device ? [r.device.device_class, h("span", { class: "muted" }, ` ${r.device.device_name}`)] : DASH),
             h("td", { class: "num" }, bytes(r.device?.memory_bytes)),
-            h("td", { class: "num" }, si(r.device?.bf16_ops_per_second)),
-            h("td", { class: "num" }, si(r.device?.int8_ops_per_second)),
-            h("td", { class: "num" }, si(r.device?.fp8_ops_per_second)),
-            h("td", { class: "num" }, si(r.device?.h2d_bytes_per_second)),
+            h("td", { class: "num" }, r.device ? [si(r.device.bf16_ops_per_second), " · ", si(r.device.int8_ops_per_second), " · ", si(r.device.fp8_ops_per_second)] : DASH),
+            h("td", { class: "num" }, r.device ? `${si(r.device.h2d_bytes_per_second)}B/s` : DASH),
             h("td", { class: r.lagging ? "num bad" : "num" }, num(r.last_step)),
             h("td", { class: r.connected && !r.acked_current_map ? "num bad" : "num" }, num(r.acked_map_version)),
             h("td", { class: "num" }, num(r.applied_step)),
             h("td", { class: r.reports_dropped ? "num bad" : "num" }, num(r.reports_dropped)),
             h("td", { class: r.late_switches ? "num bad" : "num" }, num(r.late_switches)),
-            h("td", null, flags(r, a.map_version)),
+            h("td", null, flags(r)),
           ),
         ),
       );
