@@ -84,6 +84,16 @@ class DocumentTest(unittest.TestCase):
             missing.discard(("/v1/jobs/{job}/ranks", "get"))
         self.assertEqual(sorted(missing), [], "routes of the document prismd does not serve")
 
+    def test_the_jobs_rank_counts_are_required_once_prismd_sends_them(self):
+        """plan13: each job of GET /v1/jobs gains ranks_lagging and ranks_not_acked. The document
+        has them; once rest.c sends them (the ranks change) it must require them too."""
+        job = json.loads(read(DOCUMENT))["components"]["schemas"]["Job"]
+        counts = ["ranks_lagging", "ranks_not_acked"]
+        self.assertEqual([k for k in counts if k not in job["properties"]], [])
+        if "\"ranks_lagging\"" in read(os.path.join(SOURCE, "service", "prismd", "rest.c")):
+            self.assertEqual([k for k in counts if k not in job["required"]], [],
+                             "rest.c sends them: add them to components.schemas.Job.required in openapi.json")
+
     def test_the_document_is_well_formed(self):
         doc = json.loads(read(DOCUMENT))
         self.assertEqual(doc["openapi"], "3.1.0")
