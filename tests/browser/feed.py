@@ -6,8 +6,9 @@ tests/integration/test_grpc.py uses them).
 Starts prismd on free loopback ports (scratch data dir; TLS with --tls-cert/--tls-key), or
 connects to a running one (--grpc ADDR --http ADDR). Jobs:
   train  2 ranks, 48 named blocks ("model.layers.N.attn" / ".mlp"), device profiles, calibration
-         errors, a loss every step; rank 1 reports 4 steps late and never acknowledges a map, so
-         it lags; a few "wandering" blocks change sensitivity now and then, the others keep theirs.
+         errors, a loss every step; rank 1 reports each step 4 steps after rank 0 and never
+         acknowledges a map, so it lags; a few "wandering" blocks change sensitivity now and then,
+         the others keep theirs.
   1k     1 rank, 1,000 named blocks.
   10k    1 rank, 10,000 named blocks (steps at --big-step-ms).
 Every job reports one step per --step-ms and decides every 5 steps, so that a change made over
@@ -63,7 +64,7 @@ from prism.v1 import prism_pb2 as pb  # noqa: E402
 WAIT_S = 30
 DECIDE_EVERY = 5  # update_interval_steps
 CONFIG = {"warmup_steps": DECIDE_EVERY, "update_interval_steps": DECIDE_EVERY, "history_window": 3,
-          "apply_lag_steps": 1, "min_steps_between_switches": 0, "step_timeout_ms": 100}
+          "apply_lag_steps": 1, "min_steps_between_switches": 0, "step_timeout_ms": 2000}
 STOP = threading.Event()
 
 
@@ -205,7 +206,8 @@ class Rank:
             log(self.job.id, "rank", self.rank, "error:", m.error.message)
 
     def report(self, step):
-        """Reports step (a lagging rank reports the step `lag` behind, which prismd drops as late)."""
+        """Reports step; a lagging rank reports the step `lag` behind (each step completes when it
+        does, well within step_timeout_ms), so prismd sees it `lag` steps behind the other."""
         s = step - self.lag
         if s < 1:
             return
@@ -215,14 +217,15 @@ class Rank:
             for i, n in enumerate(norms)]))
         self.last_step = s
         if self.lag:
-            self.dropped += 1
+            self.dropped = s // 40  # the trainer-side counter its agent reports
 
     def heartbeat(self):
         fields = {"unix_time_ms": int(time.time() * 1000), "last_step": self.last_step}
-        if "reports_dropped" in HEARTBEAT_FIELDS:
-            fields["reports_dropped"] = self.dropped
-        if "late_switches" in HEARTBEAT_FIELDS:
-            fields["late_switches"] = 3 if self.lag else 0
+        # The trainer-side counters, where this build's Heartbeat has them.
+        if "trainer_reports_dropped" in HEARTBEAT_FIELDS:
+            fields["trainer_reports_dropped"] = self.dropped
+        if "trainer_late_switches" in HEARTBEAT_FIELDS:
+            fields["trainer_late_switches"] = 3 if self.lag else 0
         self.stream.send(heartbeat=pb.Heartbeat(**fields))
 
 
