@@ -1,5 +1,6 @@
-/* The shell: hash routing, the header and job bar, the 5 s poll of v1/jobs, the one event
- * stream of the job on screen, and window.prismDashboard for the browser tests. */
+/* The shell: hash routing, the header and job bar, the one event stream of the job on screen,
+ * the 5 s poll of the jobs and ranks views (the only polls: every other view refetches on map
+ * events), and window.prismDashboard for the browser tests. */
 import { ApiError, getJson } from "./api";
 import { h, replace } from "./dom";
 import { num } from "./format";
@@ -32,6 +33,9 @@ let jobHead: HTMLElement | null = null;
 let alertBox: HTMLElement | null = null;
 let runner: { run: () => Promise<void> } | null = null;
 let want: Reason | null = null;
+/** What the job bar shows: v1/jobs' entry at open, then map events and the views' answers. */
+let facts: Partial<Job> = {};
+let pollTimer: ReturnType<typeof setTimeout> | undefined;
 
 function showError(e: unknown): void {
   if (!alertBox) return;
@@ -46,7 +50,7 @@ function showError(e: unknown): void {
 function drawJobHead(): void {
   const r = route;
   if (!jobHead || r.view === "jobs") return;
-  const j = jobs?.find((x) => x.job_id === r.job);
+  const j = facts.job_id === r.job ? facts : undefined;
   const stat = (k: string, v: string, bad = false) => h("div", { class: bad ? "stat bad" : "stat" }, h("span", { class: "k" }, k), h("span", { class: "v num" }, v));
   const warn: string[] = [];
   if (j?.ranks_lagging) warn.push(`${j.ranks_lagging} lagging`);
@@ -58,13 +62,12 @@ function drawJobHead(): void {
       ? [
           stat("step", num(j.step)),
           stat("map version", num(j.map_version)),
-          stat("ranks", `${j.agents_connected} / ${j.world_size}`, j.agents_connected < j.world_size),
+          stat("decided at", num(j.decided_step)),
+          stat("ranks", `${num(j.agents_connected)} / ${num(j.world_size)}`, (j.agents_connected ?? 0) < (j.world_size ?? 0)),
           stat("blocks", num(j.blocks)),
           warn.length ? h("a", { class: "warn", href: routeHash({ view: "ranks", job: r.job }) }, `⚠ ${warn.join(" · ")}`) : null,
         ]
-      : jobs
-        ? h("span", { class: "warn" }, "not in v1/jobs (deleted?)")
-        : null,
+      : null,
   );
 }
 
@@ -121,7 +124,17 @@ function makeView(ctx: ViewContext, r: Route): View {
   }
 }
 
-const liveJob = new LiveJob(() => refresh("map"), setLive);
+/** New facts about the job on screen, for its bar. */
+function noteFacts(f: Partial<Job>): void {
+  if (route.view === "jobs" || (f.job_id !== undefined && f.job_id !== route.job)) return;
+  facts = { ...facts, ...f, job_id: route.job };
+  drawJobHead();
+}
+
+const liveJob = new LiveJob((e) => {
+  noteFacts({ map_version: e.map_version, decided_step: e.decided_step, effective_step: e.effective_step, blocks: e.blocks });
+  refresh("map");
+}, setLive);
 
 function open(): void {
   view?.destroy();
@@ -141,8 +154,11 @@ function open(): void {
     error: (e) => {
       if (gen === generation) showError(e);
     },
-    job: (id) => jobs?.find((j) => j.job_id === id),
     jobs: () => jobs,
+    facts: (f) => {
+      if (gen === generation) noteFacts(f);
+    },
+    current: () => facts,
   };
   view = makeView(ctx, route);
   const v = view;
@@ -157,22 +173,45 @@ function open(): void {
     }
   });
   drawNav();
-  drawJobHead();
+  if (route.view !== "jobs") {
+    const job = route.job;
+    if (facts.job_id !== job) facts = { ...(jobs?.find((j) => j.job_id === job) ?? {}), job_id: job };
+    drawJobHead();
+    /* Once per opened view, not a loop: the bar's step and ranks as they are now, before the
+     * view's first refresh (which sizes what it reads by the job's step and blocks). */
+    void getJson<JobList>("v1/jobs")
+      .then(
+        (list) => {
+          jobs = list.jobs;
+          const j = list.jobs.find((x) => x.job_id === job);
+          if (j && gen === generation) noteFacts(j);
+        },
+        () => {},
+      )
+      .then(() => {
+        if (gen === generation) refresh("open");
+      });
+  }
   liveJob.watch(route.view === "jobs" ? null : route.job);
   window.scrollTo(0, 0);
-  refresh("open");
+  clearTimeout(pollTimer);
+  if (route.view === "jobs") void pollJobs(gen);
+  if (route.view === "ranks") pollTimer = setTimeout(function tick() {
+    refresh("poll");
+    pollTimer = setTimeout(tick, POLL_MS);
+  }, POLL_MS);
 }
 
-/** GET v1/jobs now and every POLL_MS after the answer (a slow prismd is never asked twice at once). */
-async function poll(): Promise<void> {
+/** The jobs view's poll: GET v1/jobs now and POLL_MS after each answer (never two at once). */
+async function pollJobs(gen: number): Promise<void> {
   try {
     jobs = (await getJson<JobList>("v1/jobs")).jobs;
-    drawJobHead();
-    if (route.view === "jobs" || route.view === "ranks") refresh("poll");
+    if (gen !== generation) return;
+    refresh("poll");
   } catch (e) {
-    showError(e);
+    if (gen === generation) showError(e);
   }
-  setTimeout(() => void poll(), POLL_MS);
+  if (gen === generation) pollTimer = setTimeout(() => void pollJobs(gen), POLL_MS);
 }
 
 declare global {
@@ -190,4 +229,3 @@ window.prismDashboard = {
 
 window.addEventListener("hashchange", open);
 open();
-void poll();

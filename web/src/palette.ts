@@ -2,7 +2,7 @@
  * the common colour-vision deficiencies), brightness = sensitivity. The map draws a few dozen
  * distinct colours at most: sensitivity is cut into BRIGHTNESS_LEVELS steps, so a redraw of
  * 10,000 cells changes fill style a few dozen times, not 10,000. */
-import { clamp } from "./scale";
+import { clamp, linear } from "./scale";
 
 /** Precisions from the most to the least precise (the legend's order). */
 export const PRECISIONS = ["bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4"] as const;
@@ -47,10 +47,11 @@ export function sensitivityLevel(s: number | null | undefined): number {
   return clamp(Math.floor(s * BRIGHTNESS_LEVELS), 0, BRIGHTNESS_LEVELS - 1);
 }
 
+const brightnessOfLevel = linear(0, BRIGHTNESS_LEVELS - 1, MIN_BRIGHTNESS, 1);
+
 /** The brightness of a level: MIN_BRIGHTNESS at level 0 up to 1 at the top level. */
 export function levelBrightness(level: number): number {
-  if (level < 0) return UNSCORED_BRIGHTNESS;
-  return MIN_BRIGHTNESS + ((1 - MIN_BRIGHTNESS) * level) / (BRIGHTNESS_LEVELS - 1);
+  return level < 0 ? UNSCORED_BRIGHTNESS : brightnessOfLevel(level);
 }
 
 /** The colour of hex at a brightness in [0, 1]: mixed with the background, as "rgb(r, g, b)". */

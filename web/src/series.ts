@@ -143,3 +143,23 @@ export function thresholdBands(config: { bf16_threshold: number; int8_threshold:
     leaveBf16: Math.max(0, config.int8_threshold - config.hysteresis_margin),
   };
 }
+
+/** About the bytes of one telemetry record of a job: its summary, then each block's details. */
+export const RECORD_BYTES = 320;
+export const RECORD_BYTES_PER_BLOCK = 130;
+/** What a view reads of a job's telemetry when it opens, about, in bytes. */
+export const HISTORY_BUDGET_BYTES = 32 * 1024 * 1024;
+
+/**
+ * The first step a view asks telemetry from when it opens: far enough back for as many
+ * decisions (every interval steps) as fit in budget bytes of records of a job of that many
+ * blocks (at least 20, at most 5,000 decisions), 0 when the whole run fits or the step is
+ * not known. Every record carries every block's details, so a 10,000-block job's history is
+ * read from its last few dozen decisions and a small job's from its start.
+ */
+export function historySince(step: number | null | undefined, blocks: number | null | undefined, interval: number, budget = HISTORY_BUDGET_BYTES): number {
+  if (step === null || step === undefined || !Number.isFinite(step)) return 0;
+  const perRecord = RECORD_BYTES + RECORD_BYTES_PER_BLOCK * Math.max(0, blocks ?? 0);
+  const records = Math.min(5000, Math.max(20, Math.floor(budget / perRecord)));
+  return Math.max(0, step - records * Math.max(1, interval));
+}

@@ -8,14 +8,17 @@ export interface ViewContext {
   ready(): void;
   /** shows an error above the view (prismd's message as it is), or clears it (null) */
   error(e: unknown): void;
-  /** the job's entry from the latest GET v1/jobs, when the shell has one */
-  job(id: string): Job | undefined;
+  /** facts about the job on screen that the view's answers carry, for the job bar */
+  facts(f: Partial<Job>): void;
+  /** what the shell knows of the job on screen (v1/jobs' entry, read before the first refresh) */
+  current(): Partial<Job>;
   /** the latest GET v1/jobs (null before the first answer) */
   jobs(): Job[] | null;
 }
 
 export interface View {
-  /** fetches and redraws what the view shows; called on each map event and on the 5 s poll */
+  /** fetches and redraws what the view shows: at open, on each map event, and on the 5 s poll
+   * of the jobs and ranks views */
   refresh(reason: "open" | "map" | "poll"): Promise<void>;
   destroy(): void;
 }

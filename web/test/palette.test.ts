@@ -38,7 +38,8 @@ test("brightness runs from 0.4 at level 0 to 1 at level 7; 0.25 without a score"
   assert.equal(levelBrightness(0), 0.4);
   assert.equal(levelBrightness(7), 1);
   assert.equal(levelBrightness(-1), 0.25);
-  assert.equal(levelBrightness(3), 0.4 + (0.6 * 3) / 7);
+  assert.equal(levelBrightness(3), 0.6571428571428571);
+  assert.equal(levelBrightness(4), 0.7428571428571429);
 });
 
 test("a cell's colour: the precision's hue mixed with the background by brightness", () => {

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { chartSeries, mergePoints, precisionRank, thresholdBands, toBlockPoint, toPoint } from "../src/series";
+import { chartSeries, historySince, mergePoints, precisionRank, thresholdBands, toBlockPoint, toPoint } from "../src/series";
 import type { Precision, TelemetryRecord } from "../src/types";
 
 /** A precision a newer prismd may send: drawn in grey, counted apart. */
@@ -119,4 +119,19 @@ test("threshold bands: the hysteresis band runs from int8_threshold - margin to 
     leaveBf16: 0.19999999999999998,
   });
   assert.deepEqual(thresholdBands({ bf16_threshold: 0.5, int8_threshold: 0.25, hysteresis_margin: 0.5 }), { bf16: 0.5, low: 0.25, leaveBf16: 0 });
+});
+
+test("history since: as many decisions as fit the byte budget, 20 to 5,000 of them", () => {
+  const MB32 = 32 * 1024 * 1024;
+  // 96 blocks: 12,800 bytes a record, 2,621 records, 26,210 steps at 10 per decision
+  assert.equal(historySince(100000, 96, 10, MB32), 73790);
+  // 10,000 blocks: 1,300,320 bytes a record: 25 records
+  assert.equal(historySince(100000, 10000, 10, MB32), 99750);
+  // 100,000 blocks: the floor of 20 decisions
+  assert.equal(historySince(100000, 100000, 10, MB32), 99800);
+  // no blocks known: the ceiling of 5,000 decisions
+  assert.equal(historySince(100000, undefined, 10, MB32), 50000);
+  assert.equal(historySince(500, 96, 10, MB32), 0, "the whole run fits");
+  assert.equal(historySince(null, 96, 10, MB32), 0);
+  assert.equal(historySince(1000, 96, 0, MB32), 0, "an interval below 1 counts as 1");
 });

@@ -7,7 +7,8 @@ import { type Chart, hband, hline, makeChart } from "../chart";
 import { h, replace, source, table } from "../dom";
 import { DASH, num } from "../format";
 import { PRECISIONS, precisionColour } from "../palette";
-import { type BlockPoint, type ThresholdBands, mergePoints, precisionRank, thresholdBands, toBlockPoint } from "../series";
+import { type BlockPoint, type ThresholdBands, historySince, mergePoints, precisionRank, thresholdBands, toBlockPoint } from "../series";
+import { flipHint } from "../policy";
 import type { BlockDetail, Config } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
@@ -41,6 +42,8 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
   );
 
   let points: BlockPoint[] = [];
+  /** the first step read: a big job's recent decisions only (historySince) */
+  let windowStart: number | null = null;
   let bands: ThresholdBands | null = null;
   let sensChart: Chart | null = null;
   let precChart: Chart | null = null;
@@ -107,6 +110,16 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
       row("relative magnitude", f(b.relative_magnitude)),
       row("last switch", b.last_switch_step === null ? "never" : `step ${num(b.last_switch_step)} (${b.reason})`),
       row("forced", b.forced ? "yes (override)" : "no"),
+      row(
+        "next switch",
+        flipHint(b, {
+          bands: thresholdBands(c),
+          enabled: c.enabled,
+          mode: c.mode,
+          min_steps_between_switches: c.min_steps_between_switches,
+          step: ctx.current().step ?? null,
+        }),
+      ),
       row("bf16 threshold", num(c.bf16_threshold, 2)),
       row("low threshold", num(c.int8_threshold, 2)),
       row("hysteresis margin", num(c.hysteresis_margin, 2)),
@@ -123,15 +136,18 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
     bands = t;
     bandNote.textContent =
       `Solid lines: bf16 threshold ${num(t.bf16, 2)} (at or above: BF16) and low threshold ${num(t.low, 2)} (below: a fresh block goes low). ` +
-      `Dashed: ${num(t.leaveBf16, 2)}, below which a BF16 block leaves BF16. Shaded: the hysteresis band, where a block keeps its precision.`;
+      `Dashed: ${num(t.leaveBf16, 2)}, below which a BF16 block leaves BF16. Shaded: the hysteresis band, where a block keeps its precision.` +
+      (windowStart ? ` From step ${num(windowStart)}: every telemetry record holds every block, so a job this size shows its recent decisions.` : "");
   };
 
   return {
     async refresh(reason) {
       if (reason === "poll") return;
       const [b, c] = await Promise.all([getJson<BlockDetail>(jobPath(job, "blocks", id)), getJson<Config>(jobPath(job, "config"))]);
+      const now = ctx.current();
+      if (windowStart === null) windowStart = historySince(now.step, now.blocks, c.update_interval_steps);
       drawFacts(b, c);
-      const since = points.length ? points[points.length - 1]!.step + 1 : 0;
+      const since = points.length ? points[points.length - 1]!.step + 1 : windowStart;
       const more: BlockPoint[] = [];
       await eachTelemetry(job, since, (r) => more.push(toBlockPoint(r, id)));
       points = mergePoints(points, more);

@@ -2,27 +2,32 @@
  * per decision, sensitivity, loss when reported. Records are read once: a refresh asks only
  * for the steps after the last one it has. */
 import type uPlot from "uplot";
-import { eachTelemetry } from "../api";
+import { eachTelemetry, getJson } from "../api";
 import { type Chart, makeChart } from "../chart";
 import { h, replace, source } from "../dom";
 import { num } from "../format";
 import { precisionColour } from "../palette";
-import { type TelemetryPoint, chartSeries, mergePoints, toPoint } from "../series";
+import { type TelemetryPoint, chartSeries, historySince, mergePoints, toPoint } from "../series";
+import type { Config } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
 
-/** Points kept per job while the page is open, so that a refresh reads only new records. */
-const cache = new Map<string, TelemetryPoint[]>();
+/** Points kept per job while the page is open (and the step the first read started from), so
+ * that a refresh reads only new records. */
+const cache = new Map<string, { points: TelemetryPoint[]; since: number }>();
 
-/** The points of job, extended with the records after the last one read. */
-export async function jobPoints(job: string): Promise<TelemetryPoint[]> {
-  const have = cache.get(job) ?? [];
-  const since = have.length ? have[have.length - 1]!.step + 1 : 0;
+/**
+ * The points of job, extended with the records after the last one read; the first read starts
+ * at first() (historySince: a big job's recent decisions only).
+ */
+async function jobPoints(job: string, first: () => Promise<number>): Promise<{ points: TelemetryPoint[]; since: number }> {
+  const have = cache.get(job);
+  const since = have ? have.points.length ? have.points[have.points.length - 1]!.step + 1 : have.since : await first();
   const more: TelemetryPoint[] = [];
   await eachTelemetry(job, since, (r) => more.push(toPoint(r)));
-  const all = more.length ? mergePoints(have, more) : have;
-  cache.set(job, all);
-  return all;
+  const entry = { points: mergePoints(have?.points ?? [], more), since: have?.since ?? since };
+  cache.set(job, entry);
+  return entry;
 }
 
 interface Panel {
@@ -51,7 +56,7 @@ export function chartsView(ctx: ViewContext, job: string): View {
   );
   let precisionsKey = "";
 
-  const draw = (points: TelemetryPoint[]) => {
+  const draw = (points: TelemetryPoint[], since: number) => {
     const s = chartSeries(points);
     const x = s.steps;
     const put = (p: Panel, spec: Parameters<typeof makeChart>[1], data: uPlot.AlignedData, rebuild = false) => {
@@ -60,7 +65,10 @@ export function chartsView(ctx: ViewContext, job: string): View {
       p.chart = makeChart(p.box, spec, data);
     };
     const [saving, precisions, switches, sensitivity, loss] = panels as [Panel, Panel, Panel, Panel, Panel];
-    saving.note.textContent = points.length ? `${num(points.length)} decisions, steps ${num(x[0])} to ${num(x[x.length - 1])}` : "no decision yet";
+    saving.note.textContent = points.length
+      ? `${num(points.length)} decisions, steps ${num(x[0])} to ${num(x[x.length - 1])}` +
+        (since > 0 ? ` (from step ${num(since)}: every record holds every block, so a job this size shows its recent decisions)` : "")
+      : "no decision yet";
     put(saving, { label: saving.title, series: [{ label: "saving %", colour: "#56b4e9", fill: "rgba(86,180,233,0.12)", value: (v) => (v === null ? "—" : `${v.toFixed(1)} %`) }] }, [x, s.saving]);
     const key = s.precisions.join(",");
     precisions.note.textContent = s.precisions.length ? s.precisions.join(", ") : "";
@@ -85,14 +93,21 @@ export function chartsView(ctx: ViewContext, job: string): View {
       },
       [x, s.max, s.mean, s.min],
     );
-    loss.note.textContent = s.hasLoss ? "" : "No loss in the telemetry records of this job.";
+    loss.note.textContent = s.hasLoss ? "" : "No loss in the telemetry records of this job (prismd's records carry none today).";
+    loss.box.hidden = !s.hasLoss;
     put(loss, { label: loss.title, series: [{ label: "loss", colour: "#d55e00" }] }, [x, s.loss]);
   };
 
   return {
     async refresh(reason) {
       if (reason === "poll") return;
-      draw(await jobPoints(job));
+      const first = async () => {
+        const c = await getJson<Config>(jobPath(job, "config"));
+        const now = ctx.current();
+        return historySince(now.step, now.blocks, c.update_interval_steps);
+      };
+      const { points, since } = await jobPoints(job, first);
+      draw(points, since);
       ctx.ready();
     },
     destroy() {

@@ -118,7 +118,6 @@ export function jobsView(ctx: ViewContext): View {
       const jobs = ctx.jobs();
       if (!jobs) return;
       draw(jobs);
-      ctx.ready();
       const stale = jobs.filter((j) => details.get(j.job_id)?.key !== `${j.map_version}/${j.step}` && !pending.has(j.job_id));
       await Promise.all(
         stale.map(async (j) => {
@@ -133,6 +132,8 @@ export function jobsView(ctx: ViewContext): View {
         }),
       );
       if (stale.length) draw(ctx.jobs() ?? jobs);
+      /* Ready once every row has had its first try at the precisions, saving and decision. */
+      ctx.ready();
     },
     destroy() {},
   };

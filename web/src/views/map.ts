@@ -16,7 +16,9 @@ import {
   levelBrightness,
   precisionColour,
 } from "../palette";
-import type { Block, BlockMap } from "../types";
+import { type FlipRules, flipHint } from "../policy";
+import { thresholdBands } from "../series";
+import type { Block, BlockMap, Config } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
 
@@ -40,7 +42,7 @@ function fixed(x: number | null, digits = 3): string {
 }
 
 /** The tooltip's lines: the block's name first. */
-function tooltipContent(b: Block): HTMLElement[] {
+function tooltipContent(b: Block, rules: FlipRules | null): HTMLElement[] {
   const row = (k: string, v: string) => h("div", { class: "kv" }, h("span", null, k), h("span", { class: "num" }, v));
   return [
     h("div", { class: "tt-name" }, blockName(b)),
@@ -52,7 +54,8 @@ function tooltipContent(b: Block): HTMLElement[] {
     row("relative magnitude", fixed(b.relative_magnitude)),
     row("last switch", b.last_switch_step === null ? "never" : `step ${num(b.last_switch_step)} (${b.reason})`),
     row("forced", b.forced ? "yes (override)" : "no"),
-  ];
+    rules ? h("div", { class: "tt-flip" }, flipHint(b, rules)) : null,
+  ].filter((e): e is HTMLDivElement => e !== null);
 }
 
 export function mapView(ctx: ViewContext, job: string): View {
@@ -69,13 +72,15 @@ export function mapView(ctx: ViewContext, job: string): View {
   let colours: string[] = [];
   let layout: GridLayout = gridLayout(0, 1, 1);
   let mapVersion = 0;
+  let rules: FlipRules | null = null;
   let focus = -1;
 
   /** Redraws every cell: blocks grouped by colour, one fill per colour. */
   const draw = () => {
     const top = wrap.getBoundingClientRect().top + window.scrollY;
     const maxHeight = Math.max(240, window.innerHeight - top - 24);
-    layout = gridLayout(blocks.length, Math.max(120, wrap.clientWidth), maxHeight);
+    drawnWidth = wrap.clientWidth;
+    layout = gridLayout(blocks.length, Math.max(120, drawnWidth), maxHeight);
     const dpr = window.devicePixelRatio || 1;
     canvas.style.width = `${layout.width}px`;
     canvas.style.height = `${layout.height}px`;
@@ -136,7 +141,7 @@ export function mapView(ctx: ViewContext, job: string): View {
     hover.style.left = `${o.x - 1}px`;
     hover.style.top = `${o.y - 1}px`;
     hover.style.width = hover.style.height = `${layout.cell + 2}px`;
-    replace(tooltip, tooltipContent(b));
+    replace(tooltip, tooltipContent(b, rules));
     tooltip.hidden = false;
     const r = canvas.getBoundingClientRect();
     const x = clientX ?? r.left + o.x + layout.cell;
@@ -179,7 +184,11 @@ export function mapView(ctx: ViewContext, job: string): View {
     focus = Math.min(n - 1, Math.max(0, (focus < 0 ? 0 : focus) + d));
     showAt(focus);
   });
-  const resize = new ResizeObserver(() => draw());
+  /* A redraw when the width changes (the window, the layout), not when the map's own height does. */
+  let drawnWidth = -1;
+  const resize = new ResizeObserver(() => {
+    if (wrap.clientWidth !== drawnWidth && blocks.length) draw();
+  });
   resize.observe(wrap);
 
   const drawText = (m: BlockMap) => {
@@ -199,9 +208,7 @@ export function mapView(ctx: ViewContext, job: string): View {
     const stat = (k: string, v: string) => h("div", { class: "stat" }, h("span", { class: "k" }, k), h("span", { class: "v num" }, v));
     replace(
       stats,
-      stat("map decided at", num(m.decided_step)),
       stat("applies from", num(m.effective_step)),
-      stat("blocks", num(n)),
       stat("saving", pct(t?.estimated_bandwidth_saving_pct)),
       stat("last decision", t ? `step ${num(t.step_id)}` : DASH),
       stat("changes then", t ? num(t.precision_changes) : DASH),
@@ -240,9 +247,26 @@ export function mapView(ctx: ViewContext, job: string): View {
   return {
     async refresh(reason) {
       if (reason === "poll") return; /* the map changes only with a map event */
-      const m = await getJson<BlockMap>(jobPath(job, "blocks"));
+      const [m, c] = await Promise.all([getJson<BlockMap>(jobPath(job, "blocks")), getJson<Config>(jobPath(job, "config"))]);
+      rules = {
+        bands: thresholdBands(c),
+        enabled: c.enabled,
+        mode: c.mode,
+        min_steps_between_switches: c.min_steps_between_switches,
+        step: m.step,
+      };
       blocks = m.blocks;
       mapVersion = m.map_version;
+      ctx.facts({
+        job_id: m.job_id,
+        step: m.step,
+        map_version: m.map_version,
+        decided_step: m.decided_step,
+        effective_step: m.effective_step,
+        agents_connected: m.agents_connected,
+        world_size: m.world_size,
+        blocks: m.blocks.length,
+      });
       drawText(m);
       draw();
       ctx.ready();

@@ -37,6 +37,14 @@ export function ranksView(ctx: ViewContext, job: string): View {
   return {
     async refresh() {
       const a = await getJson<RanksAnswer>(jobPath(job, "ranks"));
+      ctx.facts({
+        world_size: a.world_size,
+        map_version: a.map_version,
+        step: a.last_step,
+        agents_connected: a.ranks.filter((r) => r.connected).length,
+        ranks_lagging: a.ranks.filter((r) => r.connected && r.lagging).length,
+        ranks_not_acked: a.ranks.filter((r) => r.connected && !r.acked_current_map).length,
+      });
       note.textContent = `world size ${a.world_size} · map version ${a.map_version} · newest step ${num(a.last_step)}`;
       replace(
         body,
