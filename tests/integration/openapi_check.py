@@ -76,11 +76,15 @@ def _ask(line):
 
 
 def _no_duplicate_keys(pairs):
-    keys = [k for k, _ in pairs]
-    dup = sorted({k for k in keys if keys.count(k) > 1})
-    if dup:
-        raise ValueError("duplicate keys %s" % dup)
-    return dict(pairs)
+    """json.loads's object hook: an object that names a key twice is refused (RFC 8259 4: its
+    meaning depends on the parser)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen, dup = set(), set()
+        for k, _ in pairs:
+            (dup if k in seen else seen).add(k)
+        raise ValueError("duplicate keys %s" % sorted(dup))
+    return obj
 
 
 def check(method, path, status, content_type, body, headers=None, listener="http"):
