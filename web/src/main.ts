@@ -31,8 +31,8 @@ let view: View | null = null;
 let generation = 0;
 let jobHead: HTMLElement | null = null;
 let alertBox: HTMLElement | null = null;
-let runner: { run: () => Promise<void> } | null = null;
-let want: Reason | null = null;
+/** Asks the view on screen for fresh data (set by open() for each view). */
+let request: (reason: Reason) => void = () => {};
 /** What the job bar shows: v1/jobs' entry at open, then map events and the views' answers. */
 let facts: Partial<Job> = {};
 let pollTimer: ReturnType<typeof setTimeout> | undefined;
@@ -101,10 +101,8 @@ function setLive(s: LiveState): void {
   if (s === "deleted") showError(new ApiError(404, "not_found", `job ${route.view === "jobs" ? "" : route.job} was deleted`));
 }
 
-/** Asks the view for fresh data; a map event or an open outranks a poll waiting behind it. */
 function refresh(reason: Reason): void {
-  want = want === null || reason !== "poll" ? reason : want;
-  void runner?.run();
+  request(reason);
 }
 
 function makeView(ctx: ViewContext, r: Route): View {
@@ -162,7 +160,11 @@ function open(): void {
   };
   view = makeView(ctx, route);
   const v = view;
-  runner = coalescing(async () => {
+  /* What the next run asks for: a map event or the open outranks a poll waiting behind it.
+   * Nothing runs before started: a job view waits for the job's facts (v1/jobs) first. */
+  let want: Reason | null = null;
+  let started = route.view === "jobs";
+  const runner = coalescing(async () => {
     const reason = want ?? "poll";
     want = null;
     try {
@@ -172,6 +174,11 @@ function open(): void {
       if (gen === generation) showError(e);
     }
   });
+  request = (reason) => {
+    if (gen !== generation) return;
+    want = want === null || reason !== "poll" ? reason : want;
+    if (started) void runner.run();
+  };
   drawNav();
   if (route.view !== "jobs") {
     const job = route.job;
@@ -189,7 +196,8 @@ function open(): void {
         () => {},
       )
       .then(() => {
-        if (gen === generation) refresh("open");
+        started = true;
+        refresh("open");
       });
   }
   liveJob.watch(route.view === "jobs" ? null : route.job);

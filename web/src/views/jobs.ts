@@ -1,6 +1,8 @@
 /* The jobs view: one row per job of GET v1/jobs (polled by the shell every 5 s), with the share
  * of blocks at each precision, the saving and the time since the last decision, read from the
- * job's block map and last telemetry record only when the job moved on. */
+ * job's block map and last telemetry record when its map changed, or DETAIL_MAX_AGE_MS after
+ * they were read (a decision that changed nothing moves the last decision on, not the map): a
+ * 10,000-block job's map is megabytes, not something to read every 5 s. */
 import { getJson } from "../api";
 import { h, replace, source, table } from "../dom";
 import { DASH, age, num, pct } from "../format";
@@ -10,9 +12,14 @@ import type { BlockMap, Job, TelemetryPage } from "../types";
 import { jobPath } from "../url";
 import type { View, ViewContext } from "../view";
 
+/** The longest the precisions, saving and last decision of a row go unread. */
+export const DETAIL_MAX_AGE_MS = 30000;
+
 interface JobDetail {
-  /** map_version and step of the job when these were read */
-  key: string;
+  /** the job's map_version when these were read */
+  mapVersion: number;
+  /** when (Date.now()) they were read */
+  readAt: number;
   counts: Record<string, number>;
   saving: number | null;
   decisionStep: number | null;
@@ -36,7 +43,8 @@ async function fetchDetail(job: Job): Promise<void> {
     decisionTime = r && r.step_id === t.step_id ? r.timestamp : null;
   }
   details.set(job.job_id, {
-    key: `${job.map_version}/${job.step}`,
+    mapVersion: job.map_version,
+    readAt: Date.now(),
     counts,
     saving: t ? t.estimated_bandwidth_saving_pct : null,
     decisionStep: t ? t.step_id : null,
@@ -118,7 +126,11 @@ export function jobsView(ctx: ViewContext): View {
       const jobs = ctx.jobs();
       if (!jobs) return;
       draw(jobs);
-      const stale = jobs.filter((j) => details.get(j.job_id)?.key !== `${j.map_version}/${j.step}` && !pending.has(j.job_id));
+      const now = Date.now();
+      const stale = jobs.filter((j) => {
+        const d = details.get(j.job_id);
+        return !pending.has(j.job_id) && (!d || d.mapVersion !== j.map_version || now - d.readAt >= DETAIL_MAX_AGE_MS);
+      });
       await Promise.all(
         stale.map(async (j) => {
           pending.add(j.job_id);

@@ -65,14 +65,18 @@ export function mapView(ctx: ViewContext, job: string): View {
   const legend = h("div", { id: "legend", "aria-label": "legend" });
   const summary = h("p", { id: "map-summary", class: "summary" });
   const stats = h("div", { class: "stats" });
+  const find = h("input", { id: "block-find", type: "search", placeholder: "name contains…", autocomplete: "off", spellcheck: "false" });
+  const found = h("span", { class: "muted", "aria-live": "polite" });
+  const finder = h("div", { class: "find" }, h("label", { for: "block-find" }, "Outline blocks whose name contains"), find, found);
   const wrap = h("div", { class: "map-wrap" }, canvas, hover);
-  replace(ctx.body, h("section", { class: "panel" }, h("div", { class: "panel-head" }, stats, source(jobPath(job, "blocks"))), legend, summary, wrap), tooltip);
+  replace(ctx.body, h("section", { class: "panel" }, h("div", { class: "panel-head" }, stats, source(jobPath(job, "blocks"))), legend, summary, finder, wrap), tooltip);
 
   let blocks: Block[] = [];
   let colours: string[] = [];
   let layout: GridLayout = gridLayout(0, 1, 1);
   let mapVersion = 0;
   let rules: FlipRules | null = null;
+  let query = "";
   let focus = -1;
 
   /** Redraws every cell: blocks grouped by colour, one fill per colour. */
@@ -122,6 +126,25 @@ export function mapView(ctx: ViewContext, job: string): View {
         });
         g.fill();
       }
+      /* Blocks whose name holds the text of the find box: an outline inside the cell, which
+       * leaves its centre (and so the colour cellColor reports) as it is. */
+      let matches = 0;
+      if (query) {
+        g.strokeStyle = "#ffffff";
+        g.lineWidth = 1;
+        g.beginPath();
+        blocks.forEach((b, i) => {
+          if (!(b.name ?? `block ${b.id}`).toLowerCase().includes(query)) return;
+          matches++;
+          if (layout.cell < 5) return;
+          const o = cellOrigin(layout, i);
+          g.rect(o.x + 0.5, o.y + 0.5, layout.cell - 1, layout.cell - 1);
+        });
+        g.stroke();
+      }
+      found.textContent = query
+        ? `${num(matches)} of ${num(blocks.length)} blocks match${matches && layout.cell < 5 ? " (cells too small to outline: widen the window)" : ""}`
+        : "";
     }
     canvas.dataset["blocks"] = String(blocks.length);
     canvas.dataset["mapVersion"] = String(mapVersion);
@@ -170,6 +193,10 @@ export function mapView(ctx: ViewContext, job: string): View {
     showAt(i, ev.clientX, ev.clientY);
   });
   canvas.addEventListener("mouseleave", hide);
+  find.addEventListener("input", () => {
+    query = find.value.trim().toLowerCase();
+    draw();
+  });
   canvas.addEventListener("click", (ev) => open(at(ev)));
   canvas.addEventListener("blur", hide);
   canvas.addEventListener("keydown", (ev) => {
