@@ -284,11 +284,12 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     await page.waitForSelector('#block-map[data-blocks="10000"]', { timeout: WAIT });
     const name = JSON.parse((await request(`${base}v1/jobs/${job}/blocks/9999`)).text).name;
     assert.equal(name, 'model.layers.99.mlp.experts.99');
+    const tooltip = page.locator('#block-tooltip');
+    assert.equal(await tooltip.isVisible(), false, 'the tooltip shows with no cell hovered');
     const c = await page.evaluate(() => window.prismDashboard.cellCenter(9999));
     await page.evaluate(({ y }) => window.scrollTo(0, Math.max(0, y - window.innerHeight / 2)), c);
     const scroll = await page.evaluate(() => ({ x: window.scrollX, y: window.scrollY }));
     await page.mouse.move(c.x - scroll.x, c.y - scroll.y);
-    const tooltip = page.locator('#block-tooltip');
     await tooltip.waitFor({ state: 'visible', timeout: WAIT });
     await page.waitForFunction((n) => {
       const t = document.getElementById('block-tooltip').textContent.trim();
