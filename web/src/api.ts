@@ -64,17 +64,28 @@ async function send(method: string, path: string, query: Query | undefined, body
   return doc;
 }
 
+let readsNeedToken = false;
+
+/** True once prismd refused a read without a token and took it with the tab's (--require-read-token). */
+export function readsNeedAToken(): boolean {
+  return readsNeedToken;
+}
+
 /**
  * GET a JSON answer. Reads go without a token (a job's token would be refused on another job);
- * when prismd asks for one (401, --require-read-token) and the user gave one, it is sent.
+ * when prismd asks for one (401, --require-read-token) and the user gave one, it is sent, and
+ * from then on at once.
  */
 export async function getJson<T>(path: string, query?: Query): Promise<T> {
+  const token = getToken();
+  if (readsNeedToken && token) return (await send("GET", path, query, undefined, token)) as T;
   try {
     return (await send("GET", path, query, undefined, "")) as T;
   } catch (e) {
-    const token = getToken();
-    if (e instanceof ApiError && e.status === 401 && token) return (await send("GET", path, query, undefined, token)) as T;
-    throw e;
+    if (!(e instanceof ApiError && e.status === 401 && token)) throw e;
+    const answer = (await send("GET", path, query, undefined, token)) as T;
+    readsNeedToken = true;
+    return answer;
   }
 }
 

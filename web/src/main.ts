@@ -130,7 +130,7 @@ function noteFacts(f: Partial<Job>): void {
 }
 
 const liveJob = new LiveJob((e) => {
-  noteFacts({ map_version: e.map_version, decided_step: e.decided_step, effective_step: e.effective_step, blocks: e.blocks });
+  noteFacts({ job_id: e.job_id, map_version: e.map_version, decided_step: e.decided_step, effective_step: e.effective_step, blocks: e.blocks });
   refresh("map");
 }, setLive);
 
@@ -196,11 +196,14 @@ function open(): void {
         () => {},
       )
       .then(() => {
+        if (gen !== generation) return;
+        /* After a read: it tells whether the stream needs the tab's token (live.ts). */
+        liveJob.watch(job);
         started = true;
         refresh("open");
       });
   }
-  liveJob.watch(route.view === "jobs" ? null : route.job);
+  if (route.view === "jobs") liveJob.watch(null);
   window.scrollTo(0, 0);
   clearTimeout(pollTimer);
   if (route.view === "jobs") void pollJobs(gen);

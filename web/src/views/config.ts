@@ -20,6 +20,7 @@ export function configView(ctx: ViewContext, job: string): View {
   const configSave = h("button", { id: "config-save", type: "button" }, "PATCH config");
   const overridesSave = h("button", { id: "overrides-save", type: "button" }, "PUT overrides");
   const status = h("div", { id: "edit-status", role: "status", "aria-live": "polite" });
+  const reload = h("button", { id: "config-reload", type: "button", class: "secondary", title: "replace both editors with prismd's config as it is" }, "reload");
   let dirtyConfig = false;
   let dirtyOverrides = false;
   configEditor.addEventListener("input", () => (dirtyConfig = true));
@@ -41,7 +42,7 @@ export function configView(ctx: ViewContext, job: string): View {
           source(jobPath(job, "config")),
         ),
         configEditor,
-        h("div", { class: "actions" }, configSave),
+        h("div", { class: "actions" }, reload, configSave),
       ),
       h(
         "section",
@@ -89,6 +90,23 @@ export function configView(ctx: ViewContext, job: string): View {
       button.disabled = false;
     }
   };
+  reload.addEventListener("click", () =>
+    load(true).catch((e: unknown) => {
+      status.className = "bad";
+      status.textContent = e instanceof ApiError ? e.message : String(e);
+    }),
+  );
+  /* A token given after prismd refused to show the config (--require-read-token): read it now. */
+  token.addEventListener("change", () => {
+    if (configEditor.value !== "") return;
+    load(false).then(
+      () => {
+        ctx.error(null);
+        ctx.ready();
+      },
+      (e: unknown) => ctx.error(e),
+    );
+  });
   configSave.addEventListener("click", () => save(configSave, "PATCH", "config", configEditor.value));
   overridesSave.addEventListener("click", () => save(overridesSave, "PUT", "overrides", overridesEditor.value));
 
