@@ -85,10 +85,8 @@ for r in $(seq 0 $((RANKS - 1))); do
     PIDS+=($!)
 done
 
+echo "Prism dashboard: http://$HTTP/#/jobs/$JOB"
 echo "Prism demo: prismd, $RANKS agents and $RANKS trainers (job '$JOB'); logs in $RUN/"
-if curl -sf "http://$HTTP/" > /dev/null; then
-    echo "  dashboard    http://$HTTP/"
-fi
 echo "  block map    http://$HTTP/v1/jobs/$JOB/blocks   (or: $B/service/prismctl --server http://$HTTP blocks $JOB)"
 echo "  metrics      http://$HTTP/metrics, agents on http://127.0.0.1:9470/metrics and up"
 echo "  Ctrl-C stops everything."
