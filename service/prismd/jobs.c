@@ -18,6 +18,7 @@
 #include <jansson.h>
 #include <errno.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -329,9 +330,11 @@ static prismd_rank_facts *rank_add(prismd_job *job, uint32_t rank)
     return &job->ranks[at];
 }
 
-/* What a Hello says of its rank: node and DeviceProfile, replacing the previous Hello's (the
- * other facts stay). false when memory runs out: the rank's facts are then as they were, or
- * a new entry with every fact unknown. */
+/* What a Hello says of its rank: node and DeviceProfile, replacing the previous Hello's. The
+ * previous agent's Ack and trainer counters go with it (a new agent has acked nothing yet; it
+ * tells its own in its Ack and Heartbeat); the last step the rank reported stays. false when
+ * memory runs out: the rank's facts are then as they were, or a new entry with every fact
+ * unknown. */
 static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
 {
     prismd_rank_facts *f = rank_add(job, h->rank);
@@ -348,6 +351,10 @@ static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
         return false;
     }
     prismd_rank_facts_clear(f);
+    f->has_ack = false;
+    f->acked_map_version = f->applied_step = 0;
+    f->has_reports_dropped = f->has_late_switches = false;
+    f->reports_dropped = f->late_switches = 0;
     f->connected = true;
     f->node = node;
     f->has_device = d != NULL;
@@ -752,6 +759,25 @@ static bool auto_job_allowed(prismd_jobs *j, const char *job_id, const char *add
                 mine);
 }
 
+/* A DeviceProfile's measured figures are finite and not negative (the ranks answer and the
+ * hybrid-device plans read them as such); INVALID_ARGUMENT naming the first that is not. */
+static bool device_ok(const Prism__V1__DeviceProfile *d, prismd_status *end)
+{
+    if (!d)
+        return true;
+    const struct {
+        const char *name;
+        double value;
+    } figures[] = {{"bf16_ops_per_second", d->bf16_ops_per_second}, {"fp16_ops_per_second", d->fp16_ops_per_second},
+                   {"int8_ops_per_second", d->int8_ops_per_second}, {"fp8_ops_per_second", d->fp8_ops_per_second},
+                   {"h2d_bytes_per_second", d->h2d_bytes_per_second}};
+    for (size_t i = 0; i < sizeof figures / sizeof *figures; i++)
+        if (!isfinite(figures[i].value) || figures[i].value < 0)
+            return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.device.%s: %g is not a finite number >= 0",
+                        figures[i].name, figures[i].value);
+    return true;
+}
+
 static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__Hello *h,
                      prismd_status *end)
 {
@@ -761,6 +787,8 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         return fail(end, GRPC_STATUS_INVALID_ARGUMENT,
                     "hello.job_id: 1 to %d characters of letters, digits, '-', '_' or '.', starting with a letter or digit",
                     JOB_ID_MAX);
+    if (!device_ok(h->device, end))
+        return false;
     const char *token = peer->auth ? peer->auth : (h->token && h->token[0] ? h->token : NULL);
     const char *provisioned = prismd_tokens_find(j->tokens, h->job_id);
     /* Refused as a wrong (or missing) token is, word for word, so that the answer does not tell
@@ -1066,6 +1094,17 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
                    message);
         return;
     }
+    /* The rank reported this step, whether the merger still takes it or not (a straggler's
+     * late reports show how far behind it is). */
+    prismd_rank_facts *f = rank_find(job, peer->rank);
+    if (f && (!f->has_step || r->step > f->last_step)) {
+        f->has_step = true;
+        f->last_step = r->step;
+    }
+    if (!job->has_newest_step || r->step > job->newest_step) {
+        job->has_newest_step = true;
+        job->newest_step = r->step;
+    }
     if (outcome == PRISM_MERGE_DROPPED_LATE) {
         j->counters.reports_dropped_late++;
         return;
@@ -1076,15 +1115,6 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     }
     j->counters.reports_accepted++;
     j->counters.block_records += r->n_blocks;
-    prismd_rank_facts *f = rank_find(job, peer->rank);
-    if (f && (!f->has_step || r->step > f->last_step)) {
-        f->has_step = true;
-        f->last_step = r->step;
-    }
-    if (!job->has_newest_step || r->step > job->newest_step) {
-        job->has_newest_step = true;
-        job->newest_step = r->step;
-    }
     drain_steps(j, job, now_ms);
 }
 

@@ -20,6 +20,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import grpc  # noqa: E402
 import test_grpc as tg  # noqa: E402  (Prismd, Agent; its tests are not collected here)
 from prism.v1 import prism_pb2 as pb  # noqa: E402
 from prismtest import free_port, http_get, wait_for  # noqa: E402
@@ -138,11 +139,14 @@ class RanksTest(unittest.TestCase):
         entry = self.job_entry("jr", lambda e: e["agents_connected"] == 1)
         self.assertEqual((entry["ranks_lagging"], entry["ranks_not_acked"]), (0, 0))
 
-        # It comes back on another node and device: its new Hello replaces node and device only.
+        # It comes back on another node and device: its new Hello replaces node and device, and
+        # the old agent's Ack goes with it (the new agent has acked nothing yet); its last step
+        # stays.
         r1b = self.agent()
         hello(r1b, "jr", 1, 3, "node-c", L4)
         doc = self.ranks("jr", lambda d: d["ranks"][1]["connected"])
-        self.assertEqual(doc["ranks"][1], dict(rank1, node="node-c", device=L4))
+        self.assertEqual(doc["ranks"][1], dict(rank1, node="node-c", device=L4, acked_map_version=None,
+                                               applied_step=None))
         # Rank 2 joins at last and has reported nothing while others have: lagging, not acked.
         r2 = self.agent()
         r2.send(hello=pb.Hello(job_id="jr", rank=2, world_size=3, node="node-d"))  # no DeviceProfile
@@ -159,6 +163,18 @@ class RanksTest(unittest.TestCase):
         r0.send(heartbeat=pb.Heartbeat(unix_time_ms=1700000000002, last_step=5, trainer_late_switches=4))
         doc = self.ranks("jr", lambda d: d["ranks"][0]["late_switches"] == 4)
         self.assertEqual(doc["ranks"][0], dict(rank0, reports_dropped=None, late_switches=4))
+
+    def test_a_device_figure_that_is_not_a_finite_number_ge_0_is_refused(self):
+        for field, value in (("bf16_ops_per_second", -1.0), ("h2d_bytes_per_second", float("inf")),
+                             ("int8_ops_per_second", float("nan"))):
+            a = self.agent()
+            device = profile(H100)
+            setattr(device, field, value)
+            a.send(hello=pb.Hello(job_id="jd", rank=0, world_size=1, node="n", device=device))
+            self.assertEqual(a.status(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertEqual(a.done.details(), "hello.device.%s: %g is not a finite number >= 0" % (field, value))
+        # Nothing was made of them.
+        self.assertEqual(self.prismd.http("/v1/jobs/jd/ranks")[0], 404)
 
     def test_unknown_job_is_404_and_a_job_without_agents_lists_every_rank(self):
         status, body = self.prismd.http("/v1/jobs/nope/ranks")
