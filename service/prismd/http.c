@@ -36,6 +36,13 @@
 /* ---------------------------------------------------------------------------------------------
  * HTTP routes: one table read by the request handler and by --help. */
 
+/* The Content-Security-Policy of an HTML page (the dashboard, the fallback page): its own
+ * scripts, styles (and style attributes, which the page sets) and data: images only, no
+ * framing, no connections but to prismd. */
+#define PRISMD_PAGE_POLICY                                                                                  \
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "      \
+    "connect-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'"
+
 typedef struct prismd_reply {
     unsigned int status;
     char *body; /* owned: from json_dumps or strdup; or, with hold, the snapshot's */
@@ -421,6 +428,16 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, const char *metho
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
     if (ok == MHD_YES && reply->no_cache)
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    /* No answer is to be read as another type than it says, or shown inside another site's
+     * frame (the dashboard's token field and Save buttons); the page itself loads only from
+     * prismd (no CDN, no inline script). */
+    if (ok == MHD_YES)
+        ok = MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    if (ok == MHD_YES)
+        ok = MHD_add_response_header(resp, "Content-Security-Policy",
+                                     reply->content_type && strncmp(reply->content_type, "text/html", 9) == 0
+                                         ? PRISMD_PAGE_POLICY
+                                         : "frame-ancestors 'none'");
     if (ok == MHD_YES && reply->status == MHD_HTTP_METHOD_NOT_ALLOWED)
         ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed ? allowed : PRISMD_ALLOWED_METHODS);
     if (ok == MHD_YES && retry_after_s) {

@@ -189,6 +189,14 @@ class ServedTest(unittest.TestCase):
         status, headers, page = get(self.prismd.http_addr, "/")
         self.assertEqual((status, headers["Content-Type"], headers["Cache-Control"]),
                          (200, "text/html; charset=utf-8", "no-cache"))
+        # The page loads only prismd's own files and is never framed; no answer is sniffed.
+        self.assertEqual((headers["X-Content-Type-Options"], headers["Content-Security-Policy"]),
+                         ("nosniff", "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                          "img-src 'self' data:; connect-src 'self'; base-uri 'self'; form-action 'none'; "
+                          "frame-ancestors 'none'"))
+        status, headers, _ = get(self.prismd.http_addr, "/v1/openapi.json")
+        self.assertEqual((status, headers["X-Content-Type-Options"], headers["Content-Security-Policy"]),
+                         (200, "nosniff", "frame-ancestors 'none'"))
         dist_index = os.path.join(BUILD, "web", "dist", "index.html")
         if os.path.exists(dist_index):
             with open(dist_index, "rb") as f:
