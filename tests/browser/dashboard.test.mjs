@@ -101,16 +101,11 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     const train = jobs.train;
     await page.goto(`${base}#/`);
     await viewReady(page, 'jobs', WAIT, watch);
-    // Every job has its row; the 2-rank job, whose rank 1 lags and never acks, has a warning
-    // when prismd reports rank facts in /v1/jobs.
+    // Every job has its row; the 2-rank job, whose rank 1 lags and never acks, has a warning.
     for (const id of Object.values(jobs))
       await page.waitForSelector(`#jobs-table tr[data-job="${id}"]`, { timeout: WAIT });
-    const list = JSON.parse((await request(`${base}v1/jobs`)).text);
-    const trainRow = list.jobs.find((j) => j.job_id === train);
-    if ('ranks_lagging' in trainRow) {
-      await jsonUntil(`${base}v1/jobs`, (d) => d.jobs.some((j) => j.job_id === train && j.ranks_lagging > 0));
-      await page.waitForSelector(`#jobs-table tr[data-job="${train}"] [data-warning]`, { timeout: WAIT });
-    }
+    await jsonUntil(`${base}v1/jobs`, (d) => d.jobs.some((j) => j.job_id === train && j.ranks_lagging > 0));
+    await page.waitForSelector(`#jobs-table tr[data-job="${train}"] [data-warning]`, { timeout: WAIT });
     const views = [
       ['jobs', '#/'],
       ['map', `#/jobs/${train}`],
@@ -144,13 +139,8 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     await context.close();
   });
 
-  it('shows every rank in the ranks view, passes axe and is photographed', { timeout: TEST_MS }, async (t) => {
+  it('shows every rank in the ranks view, passes axe and is photographed', { timeout: TEST_MS }, async () => {
     const train = jobs.train;
-    const ranks = await request(`${base}v1/jobs/${train}/ranks`);
-    if (ranks.status === 404 && JSON.parse(ranks.text).error.message.includes('no route')) {
-      t.skip('prismd has no GET /v1/jobs/{job}/ranks in this build (the ranks change is not merged)');
-      return;
-    }
     const { context, page, watch } = await newPage();
     await page.goto(`${base}#/jobs/${train}/ranks`);
     await viewReady(page, 'ranks', WAIT, watch);
@@ -229,13 +219,16 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
       // Between the override and the change the page asked only what map events made it
       // refetch: each request follows a map event of this interval, and the map view makes at
       // most 2 requests per event (the block map and the job's line), so no polling loop ran.
+      // (A refetch an event just before the override caused may still be under way: that event
+      // counts as a cause too.)
+      const causes = seen.events.slice(Math.max(0, t0.events - 1)).filter((e) => e.t <= seen.changedAt);
       const fetches = seen.fetches.slice(t0.fetches).filter((f) => f.t <= seen.changedAt);
       for (const f of fetches) {
-        const cause = events.filter((e) => e.t <= f.t).pop();
-        assert.ok(cause, `${f.method} ${f.url} at ${f.t.toFixed(0)} ms follows no map event (events at ${events.map((e) => e.t.toFixed(0))})`);
+        const cause = causes.filter((e) => e.t <= f.t).pop();
+        assert.ok(cause, `${f.method} ${f.url} at ${f.t.toFixed(0)} ms follows no map event (events at ${causes.map((e) => e.t.toFixed(0))})`);
         assert.ok(f.url.startsWith(`${base}v1/jobs/${job}`), `refetch outside the job: ${f.url}`);
       }
-      assert.ok(fetches.length <= 2 * events.length, `${fetches.length} requests for ${events.length} map events`);
+      assert.ok(fetches.length <= 2 * causes.length, `${fetches.length} requests for ${causes.length} map events`);
       console.log(`# override: cell ${block} changed ${delay.toFixed(0)} ms after map event ${carrier.data.map_version}; ${fetches.length} refetches`);
       assert.deepEqual(watch.problems, []);
     } finally {

@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.request
 
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import openapi_check  # noqa: E402
 from test_grpc import BUILD, WAIT_S, Agent, Prismd  # noqa: E402
+from prismtest import wait_for  # noqa: E402
 
 SOURCE = openapi_check.SOURCE
 DOCUMENT = openapi_check.DOCUMENT
@@ -246,12 +246,11 @@ class ServedTest(unittest.TestCase):
             a.next()
             for step in range(1, 5):
                 a.step(step, (3.0, 1.0))
-            for _ in range(400):  # a decision: the blocks have scores and the telemetry a record
-                status, body = self.prismd.http("/v1/jobs/job-o/blocks", token="admin-secret")
-                if status == 200 and json.loads(body)["map_version"] >= 1:
-                    break
-                time.sleep(0.025)
-            self.assertEqual(json.loads(body)["map_version"], 1, body)
+            # A decision: the blocks have scores and the telemetry a record.
+            doc = wait_for("the job's first decision", lambda: (lambda r: json.loads(r[1]) if r[0] == 200 and
+                           json.loads(r[1])["map_version"] >= 1 else None)(
+                               self.prismd.http("/v1/jobs/job-o/blocks", token="admin-secret")))
+            self.assertEqual(doc["map_version"], 1, doc)
             for path in ("/v1/jobs", "/v1/jobs/job-o/blocks", "/v1/jobs/job-o/blocks/0", "/v1/jobs/job-o/blocks/9",
                          "/v1/jobs/job-o/blocks/x", "/v1/jobs/job-o/config", "/v1/jobs/job-o/telemetry?limit=2",
                          "/v1/jobs/job-o/telemetry?limit=0", "/v1/jobs/job-o/hints", "/v1/jobs/nope/config",
