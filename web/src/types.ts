@@ -6,16 +6,8 @@ import type { components } from "prism-api";
 type S = components["schemas"];
 
 export type Precision = S["Precision"];
-/* Until the contract lists them: GET v1/jobs' per-job summary of the current map and the last
- * decision (plan 13, round 2), written here by hand. */
-type JobSummaryFields = {
-  precisions: Record<Precision, number>;
-  bandwidth_saving_pct: number | null;
-  last_decision_step: number | null;
-  last_decision_unix: number | null;
-};
-export type Job = S["Job"] & JobSummaryFields;
-export type JobList = Omit<S["JobList"], "jobs"> & { jobs: Job[] };
+export type Job = S["Job"];
+export type JobList = S["JobList"];
 export type Block = S["Block"];
 export type TelemetrySummary = S["Summary"];
 export type BlockMap = S["BlockMap"];
@@ -29,12 +21,8 @@ export type Rank = S["Rank"];
 export type RanksAnswer = S["Ranks"];
 export type ApiErrorBody = S["Error"];
 export type MapEvent = S["MapEvent"];
-
-/**
- * The data of an `event: decision` (plan 13, round 2): a decision that changed no block's
- * precision, so no map event follows it. Written here until the contract describes the event.
- */
-export type DecisionEvent = { job_id: string; step: number; map_version: number };
+/** a decision that changed no block's precision (no map event follows it) */
+export type DecisionEvent = S["DecisionEvent"];
 
 /**
  * A telemetry record as the charts read it: block_details may be missing (the charts then count
