@@ -3,7 +3,7 @@
  * stream's map and decision events), and window.prismDashboard for the browser tests. */
 import { ApiError, getJson } from "./api";
 import { h, replace } from "./dom";
-import { num } from "./format";
+import { DASH, num } from "./format";
 import { type LiveState, LiveJob, coalescing } from "./live";
 import { type Route, parseRoute, routeHash } from "./route";
 import type { Job, JobList } from "./types";
@@ -67,7 +67,7 @@ function drawJobHead(): void {
           stat("step", num(j.step)),
           stat("map version", num(j.map_version)),
           stat("map decided at", num(j.decided_step)),
-          stat("last decision", j.last_decision_step === null || j.last_decision_step === undefined ? "none yet" : `step ${num(j.last_decision_step)}`),
+          stat("last decision", j.last_decision_step === null ? "none yet" : j.last_decision_step === undefined ? DASH : `step ${num(j.last_decision_step)}`),
           stat("ranks", `${num(j.agents_connected)} / ${num(j.world_size)}`, (j.agents_connected ?? 0) < (j.world_size ?? 0)),
           stat("blocks", num(j.blocks)),
           warn.length ? h("a", { class: "warn", href: routeHash({ view: "ranks", job: r.job }) }, `⚠ ${warn.join(" · ")}`) : null,
