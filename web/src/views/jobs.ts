@@ -75,7 +75,7 @@ export function jobsView(ctx: ViewContext): View {
           h("td", { class: "num" }, num(job.map_version)),
           h("td", { class: short ? "num bad" : "num" }, `${job.agents_connected} / ${job.world_size}`),
           h("td", { class: "num" }, num(job.blocks)),
-          h("td", null, job.precisions ? precisionBar(job.precisions) : DASH),
+          h("td", null, precisionBar(job.precisions)),
           h("td", { class: "num" }, pct(job.bandwidth_saving_pct)),
           h("td", { class: "num" }, lastDecisionText(job.last_decision_step, job.last_decision_unix, now)),
           h("td", null, warning(job) ?? h("span", { class: "ok" }, "ok")),
