@@ -1,7 +1,9 @@
-/* Server-sent events (events.h). Each stream keeps the last map version it sent; its reader
- * callback sends what is new in the latest snapshot, else a keep-alive comment when one is due,
- * else suspends the connection. The waiting list and its lock make sure a publish between the
- * check and the suspension still wakes it. */
+/* Server-sent events (events.h). Each stream keeps the last map version and the last decision
+ * step it told; its reader callback sends what is new in the latest snapshot (a map event when
+ * the version moved, else a decision event when only the decision step did), else a keep-alive
+ * comment when one is due, else suspends the connection. Telling the newest state only is what
+ * coalesces: a reader that falls behind gets one event, not one per change. The waiting list
+ * and its lock make sure a publish between the check and the suspension still wakes it. */
 #define _GNU_SOURCE
 #include "events.h"
 
@@ -22,6 +24,8 @@ typedef struct stream {
     bool started;           /* sent the first event (the map as it is) */
     bool gone;              /* the job was deleted: a "deleted" event, then the end */
     uint64_t version;       /* last map version sent */
+    bool told_decision;     /* the stream told a decision step (in a map or a decision event) */
+    uint64_t decision_step; /* the last decision step told */
     bool suspended;
     time_t last_write;
     char pending[1024];     /* an event not yet handed to libmicrohttpd */
@@ -101,6 +105,8 @@ static void next_event(stream *s, time_t now)
 {
     prismd_snapshot *snap = prismd_snapshots_get(s->events->snapshots);
     const prismd_snap_job *j = snap ? prismd_snapshot_find(snap, s->job) : NULL;
+    bool decided = j && j->has_summary; /* the job has a last decision; its step: */
+    uint64_t decision_step = decided ? j->summary.step_id : 0;
     if (j && (!s->started || j->map_version > s->version)) {
         size_t low = 0;
         for (size_t i = 0; i < j->nblocks; i++)
@@ -115,6 +121,17 @@ static void next_event(stream *s, time_t now)
         s->pending_off = 0;
         s->started = true;
         s->version = j->map_version;
+        s->told_decision = decided;
+        s->decision_step = decision_step;
+    } else if (decided && (!s->told_decision || decision_step != s->decision_step)) {
+        /* A decision that left the map as it was; no id: the map version (the last id) stands. */
+        int n = snprintf(s->pending, sizeof s->pending,
+                         "event: decision\ndata: {\"job_id\":\"%s\",\"step\":%llu,\"map_version\":%llu}\n\n", j->id,
+                         (unsigned long long)decision_step, (unsigned long long)j->map_version);
+        s->pending_len = n > 0 && (size_t)n < sizeof s->pending ? (size_t)n : 0;
+        s->pending_off = 0;
+        s->told_decision = true;
+        s->decision_step = decision_step;
     } else if (!j && snap && s->started) {
         /* The job was deleted (DELETE, idle expiry): say so once, then end the stream. */
         int n = snprintf(s->pending, sizeof s->pending, "event: deleted\ndata: {\"job_id\":\"%s\"}\n\n", s->job);

@@ -1,7 +1,8 @@
 /* Server-sent events (DESIGN 6): GET /v1/jobs/{job}/events streams one "map" event per new map
- * version of the job (and a comment line as keep-alive). A connection with nothing to send is
- * suspended in libmicrohttpd and resumed when the policy thread publishes a snapshot, so an
- * open dashboard costs no thread. */
+ * version of the job, a "decision" event per decision that left the map as it was (both
+ * coalesced to the newest state), and a comment line as keep-alive. A connection with nothing
+ * to send is suspended in libmicrohttpd and resumed when the policy thread publishes a
+ * snapshot, so an open dashboard costs no thread. */
 #ifndef PRISMD_EVENTS_H
 #define PRISMD_EVENTS_H
 

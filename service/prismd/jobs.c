@@ -74,6 +74,8 @@ struct prismd_job {
     uint64_t switches[PRISMD_REASONS];
     bool has_summary;
     prism_summary summary;  /* of the last decision */
+    double decided_unix;    /* with has_summary: the last decision's wall-clock time, Unix seconds; NaN: not
+                             * known (restored from a store written before prismd kept it) */
     int64_t last_active_ms; /* wall clock of the last agent message or disconnect (--job-idle-expiry) */
     int64_t saved_active_ms; /* the last_active_ms the store has */
 };
@@ -154,6 +156,7 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     job->effective_step = saved->effective_step;
     job->has_summary = saved->has_summary;
     job->summary = saved->summary;
+    job->decided_unix = saved->has_summary ? saved->decided_unix : NAN;
     /* Idle from the restart until the store says otherwise; saved_active_ms 0 (never saved) makes
      * housekeeping store this time once for a job that has no activity row yet (a schema-1 store),
      * so its idle time counts across later restarts too. */
@@ -384,6 +387,7 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     snprintf(job->id, sizeof job->id, "%s", id);
     job->world_size = world_size;
     job->policy = policy;
+    job->decided_unix = NAN;
     prism_idmap_init(&job->name_ix);
     prism_idmap_init(&job->block_ix);
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
@@ -922,8 +926,10 @@ static void rotate_telemetry(prismd_jobs *j, prismd_job *job, const char *name)
                   strerror(errno), LOG_END);
 }
 
-/* Appends the decision's record to the job's telemetry JSONL (DESIGN 4.4). */
-static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary *summary, const double *loss)
+/* Appends the decision's record, made at wall-clock time now (Unix seconds), to the job's
+ * telemetry JSONL (DESIGN 4.4). */
+static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary *summary, double now,
+                            const double *loss)
 {
     const prism_config *cfg = prism_policy_config(job->policy);
     if (!cfg->telemetry_enabled || !j->limits.data_dir)
@@ -949,10 +955,8 @@ static void write_telemetry(prismd_jobs *j, prismd_job *job, const prism_summary
         struct stat st;
         job->telemetry_size = fstat(fileno(job->telemetry), &st) == 0 ? (uint64_t)st.st_size : 0;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
     j->line.len = 0;
-    if (prism_telemetry_append(&j->line, job->policy, summary, (double)now.tv_sec + (double)now.tv_nsec / 1e9, loss)) {
+    if (prism_telemetry_append(&j->line, job->policy, summary, now, loss)) {
         prism_log(PRISM_LOG_ERROR, "cannot write telemetry", "job", job->id, LOG_END);
         return;
     }
@@ -979,7 +983,9 @@ static void log_changes(const prismd_job *job, const prism_step_result *r)
     }
 }
 
-/* Hands every ready merged step to the policy and pushes a changed map. */
+/* Hands every ready merged step to the policy and pushes a changed map. Each decision's
+ * wall-clock time is taken once: GET /v1/jobs' last_decision_unix, the store's copy of it and
+ * the decision's telemetry timestamp are the same number. */
 static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
 {
     prism_merged_step m;
@@ -998,8 +1004,11 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             for (int b = 0; b < PRISMD_DECISION_BUCKETS; b++)
                 if (seconds <= prismd_decision_buckets[b])
                     j->decision_buckets[b]++;
+            struct timespec wall;
+            clock_gettime(CLOCK_REALTIME, &wall);
             job->has_summary = true;
             job->summary = r.summary;
+            job->decided_unix = (double)wall.tv_sec + (double)wall.tv_nsec / 1e9;
             j->urgent = true;
         }
         for (size_t c = 0; added == PRISM_OK && c < r.change_count; c++)
@@ -1022,7 +1031,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         /* A map is durable before it is sent (DESIGN 7). */
         if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
                                                 r.changes, r.change_count, job->has_summary ? &job->summary : NULL,
-                                                &err)) {
+                                                job->decided_unix, &err)) {
             j->counters.store_errors++;
             prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
                        err.message, LOG_END);
@@ -1032,7 +1041,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             broadcast_map(j, job);
         log_changes(job, &r);
         if (r.decided)
-            write_telemetry(j, job, &r.summary, m.has_loss ? &m.loss : NULL);
+            write_telemetry(j, job, &r.summary, job->decided_unix, m.has_loss ? &m.loss : NULL);
     }
 }
 
@@ -1484,6 +1493,7 @@ static void publish(prismd_jobs *j)
         sj->effective_step = job->effective_step;
         sj->has_summary = job->has_summary;
         sj->summary = job->summary;
+        sj->decided_unix = job->decided_unix;
         memcpy(sj->switches, job->switches, sizeof sj->switches);
         if (!snap_ranks(sj, job)) {
             snap_job_free(sj);

@@ -109,13 +109,35 @@ static json_t *block_json(const prism_block_view *v, const char *name)
                      prism_reason_name(v->reason), "forced", v->forced);
 }
 
-/* A job of GET /v1/jobs: job_json and the two rank counts the jobs view warns with. */
+/* The blocks of the job's current map at each precision, every precision a key. */
+static json_t *precisions_json(const prismd_snap_job *j)
+{
+    static const prism_precision order[PRISM_PRECISION_COUNT] = {
+        PRISM_PRECISION_BF16, PRISM_PRECISION_FP8_E4M3, PRISM_PRECISION_FP8_E5M2, PRISM_PRECISION_INT8,
+        PRISM_PRECISION_INT4};
+    size_t counts[PRISM_PRECISION_COUNT] = {0};
+    for (size_t i = 0; i < j->nblocks; i++)
+        if ((unsigned)j->blocks[i].precision < PRISM_PRECISION_COUNT)
+            counts[j->blocks[i].precision]++;
+    json_t *obj = json_object();
+    for (size_t k = 0; obj && k < PRISM_PRECISION_COUNT; k++)
+        json_object_set_new(obj, prism_precision_name(order[k]), json_integer((json_int_t)counts[order[k]]));
+    return obj;
+}
+
+/* A job of GET /v1/jobs: job_json, the two rank counts the jobs view warns with, the blocks at
+ * each precision and the last decision (null before any: its time also when the store had none). */
 static json_t *job_entry_json(const prismd_snap_job *j)
 {
     json_t *obj = job_json(j);
     if (obj) {
         json_object_set_new(obj, "ranks_lagging", json_integer((json_int_t)j->ranks_lagging));
         json_object_set_new(obj, "ranks_not_acked", json_integer((json_int_t)j->ranks_not_acked));
+        json_object_set_new(obj, "precisions", precisions_json(j));
+        json_object_set_new(obj, "bandwidth_saving_pct", opt_real(j->has_summary, j->summary.bandwidth_saving_pct));
+        json_object_set_new(obj, "last_decision_step",
+                            j->has_summary ? json_integer((json_int_t)j->summary.step_id) : json_null());
+        json_object_set_new(obj, "last_decision_unix", opt_real(j->has_summary, j->decided_unix));
     }
     return obj;
 }

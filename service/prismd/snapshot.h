@@ -63,8 +63,10 @@ typedef struct prismd_snap_job {
     uint64_t last_step;          /* the last step the policy collected */
     uint64_t map_version, decided_step, effective_step;
     prism_config config;         /* in force */
-    bool has_summary;            /* a decision was made since start */
+    bool has_summary;            /* a decision was made since start (or restored with the job) */
     prism_summary summary;       /* of the last decision */
+    double decided_unix;         /* with has_summary: the last decision's wall-clock time, Unix
+                                  * seconds; NaN: not known */
     size_t nblocks;
     prism_block_view *blocks;    /* ascending id */
     char **names;                /* parallel to blocks: the layout's name, or NULL */

@@ -8,9 +8,12 @@
  *   relative_magnitude, error_score.
  * "PRB1" blobs (schema 1) are read too: the same less the scores, which come back unknown.
  * The summary column holds the telemetry summary of the job's last decision (NULL: none):
- *   "PRS1" u32 low_precision, u64 step_id, map_version, blocks_bf16, blocks_low,
+ *   "PRS2" u32 low_precision, u64 step_id, map_version, blocks_bf16, blocks_low,
  *   precision_changes, scored, f64 mean_sensitivity, max_sensitivity, min_sensitivity,
- *   bandwidth_saving_pct.
+ *   bandwidth_saving_pct, decided_unix (the decision's wall-clock time, Unix seconds; NaN: not
+ *   known). "PRS1" blobs (written before decided_unix) are read too: the same less
+ *   decided_unix, which comes back not known. A prismd older than PRS2 refuses a PRS2 blob as
+ *   damaged: going back to one needs a store it wrote.
  * Schema 2 added job_state.summary and the scores; a schema 1 store is migrated when opened. */
 #define _POSIX_C_SOURCE 200809L
 #include "store.h"
@@ -294,13 +297,14 @@ static bool encode_blocks(const prism_policy *p, blob *b)
     return !b->failed;
 }
 
-static bool encode_summary(const prism_summary *sm, blob *b)
+static bool encode_summary(const prism_summary *sm, double decided_unix, blob *b)
 {
     uint32_t low = (uint32_t)sm->low_precision;
     uint64_t counts[6] = {sm->step_id, sm->map_version, sm->blocks_bf16, sm->blocks_low, sm->precision_changes,
                           sm->scored};
-    double values[4] = {sm->mean_sensitivity, sm->max_sensitivity, sm->min_sensitivity, sm->bandwidth_saving_pct};
-    put(b, "PRS1", 4);
+    double values[5] = {sm->mean_sensitivity, sm->max_sensitivity, sm->min_sensitivity, sm->bandwidth_saving_pct,
+                        decided_unix};
+    put(b, "PRS2", 4);
     put(b, &low, 4);
     put(b, counts, sizeof counts);
     put(b, values, sizeof values);
@@ -322,17 +326,21 @@ static bool get(reader *r, void *out, size_t n)
     return true;
 }
 
-/* Decodes a summary blob; false when it is damaged. */
-static bool decode_summary(const uint8_t *data, size_t len, prism_summary *out)
+/* Decodes a summary blob (PRS2, or PRS1: *decided_unix NaN); false when it is damaged. */
+static bool decode_summary(const uint8_t *data, size_t len, prism_summary *out, double *decided_unix)
 {
     reader r = {data, len};
     char magic[4];
     uint32_t low;
     uint64_t counts[6];
-    double values[4];
-    if (!get(&r, magic, 4) || memcmp(magic, "PRS1", 4) != 0 || !get(&r, &low, 4) || !get(&r, counts, sizeof counts) ||
-        !get(&r, values, sizeof values) || r.left != 0 || low >= PRISM_PRECISION_COUNT)
+    double values[5] = {0, 0, 0, 0, NAN};
+    if (!get(&r, magic, 4) || (memcmp(magic, "PRS1", 4) != 0 && memcmp(magic, "PRS2", 4) != 0))
         return false;
+    size_t nvalues = magic[3] == '2' ? 5 : 4;
+    if (!get(&r, &low, 4) || !get(&r, counts, sizeof counts) || !get(&r, values, nvalues * sizeof *values) ||
+        r.left != 0 || low >= PRISM_PRECISION_COUNT)
+        return false;
+    *decided_unix = values[4];
     *out = (prism_summary){.step_id = counts[0], .map_version = counts[1], .low_precision = (prism_precision)low,
                            .blocks_bf16 = (size_t)counts[2], .blocks_low = (size_t)counts[3],
                            .precision_changes = (size_t)counts[4], .scored = (size_t)counts[5],
@@ -406,10 +414,11 @@ damaged:
 
 prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
-                                     size_t change_count, const prism_summary *summary, prism_error *err)
+                                     size_t change_count, const prism_summary *summary, double decided_unix,
+                                     prism_error *err)
 {
     blob b = {0}, sb = {0};
-    if (!encode_blocks(p, &b) || (summary && !encode_summary(summary, &sb))) {
+    if (!encode_blocks(p, &b) || (summary && !encode_summary(summary, decided_unix, &sb))) {
         free(b.data);
         free(sb.data);
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
@@ -592,6 +601,7 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
             .token = (const char *)sqlite3_column_text(st, 1),
             .world_size = (uint32_t)sqlite3_column_int64(st, 2),
             .policy = policy,
+            .decided_unix = NAN,
         };
         if (sqlite3_column_type(st, 4) != SQLITE_NULL) {
             prism_policy_progress progress = {
@@ -611,7 +621,8 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
             else
                 rc = prism_policy_restore(policy, &progress, recs, n, err);
             if (!rc && sqlite3_column_type(st, 11) != SQLITE_NULL) {
-                if (decode_summary(sqlite3_column_blob(st, 11), (size_t)sqlite3_column_bytes(st, 11), &job.summary))
+                if (decode_summary(sqlite3_column_blob(st, 11), (size_t)sqlite3_column_bytes(st, 11), &job.summary,
+                                   &job.decided_unix))
                     job.has_summary = true;
                 else
                     rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: the saved summary is damaged", id);

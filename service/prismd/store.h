@@ -22,10 +22,12 @@ prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const ch
 
 /* The job's whole state and the changes that led to it, in one transaction: every block's view
  * (the scores of the last decision included) and summary, the telemetry summary of the job's
- * last decision (NULL: none yet), so that a restart serves the values served before it. */
+ * last decision (NULL: none yet) and that decision's wall-clock time (Unix seconds; NaN: not
+ * known; kept only with a summary), so that a restart serves the values served before it. */
 prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
-                                     size_t change_count, const prism_summary *summary, prism_error *err);
+                                     size_t change_count, const prism_summary *summary, double decided_unix,
+                                     prism_error *err);
 
 /* Calibration errors by model fingerprint (DESIGN 4.5), written by job_id: the first job to
  * write a fingerprint's errors owns that entry (until the job is deleted), in the same
@@ -64,6 +66,7 @@ typedef struct prismd_saved_job {
     uint64_t effective_step;
     bool has_summary;      /* the telemetry summary of the job's last decision was saved */
     prism_summary summary;
+    double decided_unix;   /* with a summary: its decision's wall-clock time, Unix seconds; NaN: not known */
 } prismd_saved_job;
 
 /* Restores every saved job, calling fn for each; fn owns job->policy whatever it returns, and

@@ -104,7 +104,7 @@ class DocumentTest(unittest.TestCase):
             run = subprocess.run([tool, DOCUMENT, "-o", out], capture_output=True, text=True, timeout=120)
             self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
             types = read(out)
-        for name in ("JobList", "BlockMap", "Ranks", "Telemetry", "MapEvent", "DeletedEvent", "Error"):
+        for name in ("JobList", "BlockMap", "Ranks", "Telemetry", "MapEvent", "DecisionEvent", "DeletedEvent", "Error"):
             self.assertIn("        %s: {" % name, types)
         for path, item in doc["paths"].items():
             for m in METHODS:
@@ -114,10 +114,14 @@ class DocumentTest(unittest.TestCase):
 
     def test_the_validator_refuses_wrong_answers(self):
         job = {"job_id": "j", "step": 4, "map_version": 1, "decided_step": 2, "effective_step": 3,
-               "agents_connected": 1, "world_size": 1, "blocks": 2, "ranks_lagging": 0, "ranks_not_acked": 0}
+               "agents_connected": 1, "world_size": 1, "blocks": 2, "ranks_lagging": 0, "ranks_not_acked": 0,
+               "precisions": {"bf16": 1, "fp8_e4m3": 0, "fp8_e5m2": 0, "int8": 1, "int4": 0},
+               "bandwidth_saving_pct": 25.0, "last_decision_step": 4, "last_decision_unix": 1764150000.125}
         ok = json.dumps({"jobs": [job]})
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", ok)
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", json.dumps({"jobs": [dict(job, step=None)]}))
+        openapi_check.check("GET", "/v1/jobs", 200, "application/json", json.dumps({"jobs": [dict(
+            job, bandwidth_saving_pct=None, last_decision_step=None, last_decision_unix=None)]}))
         openapi_check.check("HEAD", "/v1/jobs", 200, "application/json", "")
         error = json.dumps({"error": {"code": "not_found", "message": "job x does not exist"}})
         openapi_check.check("GET", "/v1/jobs/x/blocks", 404, "application/json", error)
@@ -132,6 +136,9 @@ class DocumentTest(unittest.TestCase):
              "/jobs/0/step must be integer,null"),
             ("a number for an integer", ("GET", "/v1/jobs", 200, "application/json",
                                          json.dumps({"jobs": [dict(job, blocks=2.5)]})), "/jobs/0/blocks must be integer"),
+            ("a precision missing", ("GET", "/v1/jobs", 200, "application/json",
+                                     json.dumps({"jobs": [dict(job, precisions={"bf16": 2})]})),
+             "required property 'fp8_e4m3'"),
             ("a field the document does not know", ("GET", "/v1/jobs", 200, "application/json",
                                                     json.dumps({"jobs": [dict(job, colour="red")]})),
              "must NOT have additional properties"),
@@ -156,6 +163,10 @@ class DocumentTest(unittest.TestCase):
         openapi_check.check_event("/v1/jobs/j/events", "deleted", '{"job_id":"j"}')
         with self.assertRaises(AssertionError) as caught:
             openapi_check.check_event("/v1/jobs/j/events", "map", '{"job_id":"j"}')
+        self.assertIn("required property 'map_version'", str(caught.exception))
+        openapi_check.check_event("/v1/jobs/j/events", "decision", '{"job_id":"j","step":6,"map_version":1}')
+        with self.assertRaises(AssertionError) as caught:
+            openapi_check.check_event("/v1/jobs/j/events", "decision", '{"job_id":"j","step":6}')
         self.assertIn("required property 'map_version'", str(caught.exception))
 
 

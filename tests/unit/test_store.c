@@ -57,7 +57,7 @@ static void run_steps(prism_policy *p, uint64_t from, uint64_t to, prism_buf *ou
             CU_ASSERT_FATAL(prism_telemetry_append(out, p, &r.summary, 1.0, NULL) == PRISM_OK);
         if (store && (r.decided || r.map_changed))
             CU_ASSERT_FATAL(prismd_store_save_state(store, "job-1", p, r.decided_step, r.effective_step, r.changes,
-                                                    r.change_count, NULL, &err) == PRISM_OK);
+                                                    r.change_count, NULL, NAN, &err) == PRISM_OK);
     }
 }
 
@@ -71,6 +71,7 @@ typedef struct loaded {
     uint64_t decided_step, effective_step;
     bool has_summary;
     prism_summary summary;
+    double decided_unix;
 } loaded;
 
 static bool collect(void *ctx, prismd_saved_job *job)
@@ -87,6 +88,7 @@ static bool collect(void *ctx, prismd_saved_job *job)
     l->effective_step = job->effective_step;
     l->has_summary = job->has_summary;
     l->summary = job->summary;
+    l->decided_unix = job->decided_unix;
     return true;
 }
 
@@ -193,7 +195,7 @@ static void save_one_decision(prismd_store *store, prism_config *cfg)
     prism_step_result r;
     CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(r.change_count, 1);
-    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, NULL, &err),
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, NULL, NAN, &err),
                           PRISM_OK);
     prism_policy_destroy(p);
 }
@@ -375,7 +377,7 @@ static void test_scores_and_summary_come_back_exactly(void)
     CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_TRUE_FATAL(r.decided);
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, &r.summary,
-                                                  &err), PRISM_OK);
+                                                  1764150000.125, &err), PRISM_OK);
     prismd_store_close(store);
     store = prismd_store_open(dir, &err);
     CU_ASSERT_FATAL(store != NULL);
@@ -389,6 +391,7 @@ static void test_scores_and_summary_come_back_exactly(void)
                    g->scored == w->scored && g->mean_sensitivity == w->mean_sensitivity &&
                    g->max_sensitivity == w->max_sensitivity && g->min_sensitivity == w->min_sensitivity &&
                    g->bandwidth_saving_pct == w->bandwidth_saving_pct);
+    CU_ASSERT_EQUAL(l.decided_unix, 1764150000.125); /* the decision's time too (GET /v1/jobs) */
     for (uint32_t id = 1; id <= 2; id++) {
         const prism_block_view *want = prism_policy_find_block(p, id), *got = prism_policy_find_block(l.policy, id);
         CU_ASSERT_TRUE(want->has_score && got->has_score);

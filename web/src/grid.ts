@@ -15,13 +15,19 @@ export interface GridLayout {
   height: number;
 }
 
-/** Cell pitches tried, largest first. */
-export const PITCHES = [28, 22, 18, 15, 12, 10, 8, 6, 5, 4, 3] as const;
+/** Cell pitches tried, largest first: a small job gets big cells, rows wrapping at maxWidth. */
+export const PITCHES = [40, 34, 28, 22, 18, 15, 12, 10, 8, 6, 5, 4, 3] as const;
+
+/** The gap between two cells at a pitch: 2 px from 28 px, 1 px from 6 px, none below. */
+export function cellGap(pitch: number): number {
+  return pitch >= 28 ? 2 : pitch >= 6 ? 1 : 0;
+}
 
 /**
  * The layout of n blocks in at most maxWidth: the largest pitch of PITCHES whose grid fits
  * within maxHeight, else the smallest (the map then grows taller than maxHeight and scrolls).
- * Pitches of 6 and more leave a 1-pixel gap between cells.
+ * Rows are as wide as maxWidth allows (the last one may be shorter); cells are pitch minus
+ * cellGap(pitch) square.
  */
 export function gridLayout(n: number, maxWidth: number, maxHeight: number): GridLayout {
   let pitch: number = PITCHES[PITCHES.length - 1]!;
@@ -34,7 +40,7 @@ export function gridLayout(n: number, maxWidth: number, maxHeight: number): Grid
   }
   const cols = n === 0 ? 0 : Math.min(n, Math.max(1, Math.floor(maxWidth / pitch)));
   const rows = cols === 0 ? 0 : Math.ceil(n / cols);
-  const cell = pitch >= 6 ? pitch - 1 : pitch;
+  const cell = pitch - cellGap(pitch);
   return { n, cols, rows, pitch, cell, width: cols * pitch, height: rows * pitch };
 }
 

@@ -1,9 +1,9 @@
 /* The shell: hash routing, the header and job bar, the one event stream of the job on screen,
- * the 5 s poll of the jobs and ranks views (the only polls: every other view refetches on map
- * events), and window.prismDashboard for the browser tests. */
+ * the 5 s poll of the jobs and ranks views (the only polls: every other view refetches on the
+ * stream's map and decision events), and window.prismDashboard for the browser tests. */
 import { ApiError, getJson } from "./api";
 import { h, replace } from "./dom";
-import { num } from "./format";
+import { DASH, num } from "./format";
 import { type LiveState, LiveJob, coalescing } from "./live";
 import { type Route, parseRoute, routeHash } from "./route";
 import type { Job, JobList } from "./types";
@@ -18,7 +18,11 @@ import { ranksView } from "./views/ranks";
 /** The slowest data on screen may be this old: the poll of v1/jobs (plan 13: never faster). */
 export const POLL_MS = 5000;
 
-type Reason = "open" | "map" | "poll";
+type Reason = "open" | "map" | "decision" | "poll";
+
+/** Which of two reasons a refetch waiting for its turn keeps: a view may do less for the lesser
+ * (the block map is read again on map events, not on decisions that changed nothing). */
+const RANK: Record<Reason, number> = { poll: 0, decision: 1, map: 2, open: 3 };
 
 const main = document.getElementById("view") as HTMLElement;
 const crumbs = document.getElementById("crumbs") as HTMLElement;
@@ -62,7 +66,8 @@ function drawJobHead(): void {
       ? [
           stat("step", num(j.step)),
           stat("map version", num(j.map_version)),
-          stat("decided at", num(j.decided_step)),
+          stat("map decided at", num(j.decided_step)),
+          stat("last decision", j.last_decision_step === null ? "none yet" : j.last_decision_step === undefined ? DASH : `step ${num(j.last_decision_step)}`),
           stat("ranks", `${num(j.agents_connected)} / ${num(j.world_size)}`, (j.agents_connected ?? 0) < (j.world_size ?? 0)),
           stat("blocks", num(j.blocks)),
           warn.length ? h("a", { class: "warn", href: routeHash({ view: "ranks", job: r.job }) }, `⚠ ${warn.join(" · ")}`) : null,
@@ -94,10 +99,18 @@ function drawNav(): void {
   document.title = `${job} · ${r.view === "block" ? `block ${r.block}` : r.view} · Prism`;
 }
 
-function setLive(s: LiveState): void {
-  const text: Record<LiveState, string> = { off: "", connecting: "● connecting", live: "● live", deleted: "● job deleted" };
+function setLive(s: LiveState, detail: string): void {
+  const text: Record<LiveState, string> = {
+    off: "",
+    connecting: "● connecting",
+    live: "● live",
+    waiting: "○ not live: reconnecting",
+    refused: "○ not live: needs a token (config)",
+    deleted: "● job deleted",
+  };
   live.textContent = text[s];
   live.className = s;
+  live.title = detail;
   if (s === "deleted") showError(new ApiError(404, "not_found", `job ${route.view === "jobs" ? "" : route.job} was deleted`));
 }
 
@@ -129,10 +142,29 @@ function noteFacts(f: Partial<Job>): void {
   drawJobHead();
 }
 
-const liveJob = new LiveJob((e) => {
-  noteFacts({ job_id: e.job_id, map_version: e.map_version, decided_step: e.decided_step, effective_step: e.effective_step, blocks: e.blocks });
-  refresh("map");
-}, setLive);
+/** The newest of the step the bar shows and a step an event names (events carry no job step). */
+function newestStep(step: number): number {
+  const now = facts.step;
+  return now === null || now === undefined || now < step ? step : now;
+}
+
+const liveJob = new LiveJob(
+  (e) => {
+    const f: Partial<Job> = { job_id: e.job_id, map_version: e.map_version, decided_step: e.decided_step, effective_step: e.effective_step, blocks: e.blocks };
+    if (e.map_version > 0) {
+      /* a map was decided at decided_step: a decision at least that recent */
+      f.step = newestStep(e.decided_step);
+      f.last_decision_step = Math.max(e.decided_step, facts.last_decision_step ?? 0);
+    }
+    noteFacts(f);
+    refresh("map");
+  },
+  (e) => {
+    noteFacts({ job_id: e.job_id, map_version: e.map_version, step: newestStep(e.step), last_decision_step: e.step });
+    refresh("decision");
+  },
+  setLive,
+);
 
 function open(): void {
   view?.destroy();
@@ -157,10 +189,13 @@ function open(): void {
       if (gen === generation) noteFacts(f);
     },
     current: () => facts,
+    tokenGiven: () => {
+      if (gen === generation) liveJob.tokenGiven();
+    },
   };
   view = makeView(ctx, route);
   const v = view;
-  /* What the next run asks for: a map event or the open outranks a poll waiting behind it.
+  /* What the next run asks for: the highest RANK of the reasons that came while one ran.
    * Nothing runs before started: a job view waits for the job's facts (v1/jobs) first. */
   let want: Reason | null = null;
   let started = route.view === "jobs";
@@ -176,7 +211,7 @@ function open(): void {
   });
   request = (reason) => {
     if (gen !== generation) return;
-    want = want === null || reason !== "poll" ? reason : want;
+    want = want === null || RANK[reason] > RANK[want] ? reason : want;
     if (started) void runner.run();
   };
   drawNav();

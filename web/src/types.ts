@@ -21,15 +21,15 @@ export type Rank = S["Rank"];
 export type RanksAnswer = S["Ranks"];
 export type ApiErrorBody = S["Error"];
 export type MapEvent = S["MapEvent"];
+/** a decision that changed no block's precision (no map event follows it) */
+export type DecisionEvent = S["DecisionEvent"];
 
 /**
  * A telemetry record as the charts read it: block_details may be missing (the charts then count
- * blocks from the summary), and a `loss` is drawn when a record carries one (DESIGN 4.4 has
- * none today; the loss chart says so).
+ * blocks from the summary). `loss` is there when a trainer reported one for the decision's step.
  */
 export type TelemetryRecord = Omit<S["TelemetryRecord"], "block_details"> & {
   block_details?: S["TelemetryRecord"]["block_details"];
-  loss?: number | null;
 };
 
 export type TelemetryPage = Omit<S["Telemetry"], "records"> & { records: TelemetryRecord[] };

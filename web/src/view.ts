@@ -14,11 +14,14 @@ export interface ViewContext {
   current(): Partial<Job>;
   /** the latest GET v1/jobs (null before the first answer) */
   jobs(): Job[] | null;
+  /** the user gave a token (the config view): a live stream refused for want of one tries again */
+  tokenGiven(): void;
 }
 
 export interface View {
-  /** fetches and redraws what the view shows: at open, on each map event, and on the 5 s poll
-   * of the jobs and ranks views */
-  refresh(reason: "open" | "map" | "poll"): Promise<void>;
+  /** fetches and redraws what the view shows: at open, on each map event, on each decision
+   * event (a decision that changed no precision: per-decision data only), and on the 5 s poll of
+   * the jobs and ranks views */
+  refresh(reason: "open" | "map" | "decision" | "poll"): Promise<void>;
   destroy(): void;
 }

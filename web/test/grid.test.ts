@@ -1,27 +1,46 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { cellAt, cellCentre, cellOrigin, gridLayout } from "../src/grid";
+import { cellAt, cellCentre, cellGap, cellOrigin, gridLayout } from "../src/grid";
 
-test("one block: a single 28-pixel cell", () => {
-  const g = gridLayout(1, 1000, 600);
-  assert.deepEqual(g, { n: 1, cols: 1, rows: 1, pitch: 28, cell: 27, width: 28, height: 28 });
-  assert.equal(cellAt(g, 0, 0), 0);
-  assert.equal(cellAt(g, 27.9, 27.9), 0);
-  assert.equal(cellAt(g, 28, 0), -1);
-  assert.equal(cellAt(g, 0, 28), -1);
-  assert.equal(cellAt(g, -0.1, 5), -1);
-  assert.deepEqual(cellCentre(g, 0), { x: 13.5, y: 13.5 });
+test("the gap between cells: 2 px from pitch 28, 1 px from 6, none below", () => {
+  assert.deepEqual([40, 34, 28, 22, 6, 5, 3].map(cellGap), [2, 2, 2, 1, 1, 0, 0]);
 });
 
-test("seven blocks in a narrow box: 3 columns, the last row holds one", () => {
+test("one block: a single 40-pixel cell", () => {
+  const g = gridLayout(1, 1000, 600);
+  assert.deepEqual(g, { n: 1, cols: 1, rows: 1, pitch: 40, cell: 38, width: 40, height: 40 });
+  assert.equal(cellAt(g, 0, 0), 0);
+  assert.equal(cellAt(g, 39.9, 39.9), 0);
+  assert.equal(cellAt(g, 40, 0), -1);
+  assert.equal(cellAt(g, 0, 40), -1);
+  assert.equal(cellAt(g, -0.1, 5), -1);
+  assert.deepEqual(cellCentre(g, 0), { x: 19, y: 19 });
+});
+
+test("48 blocks across a 1538-pixel panel: 40-pixel cells, 38 to a row, the second row holds 10", () => {
+  const g = gridLayout(48, 1538, 700);
+  assert.deepEqual(g, { n: 48, cols: 38, rows: 2, pitch: 40, cell: 38, width: 1520, height: 80 });
+  assert.equal(cellAt(g, 1519.9, 39.9), 37);
+  assert.equal(cellAt(g, 38.5, 10), 0, "the gap after a cell belongs to it");
+  assert.equal(cellAt(g, 40, 10), 1);
+  assert.equal(cellAt(g, 0, 40), 38);
+  assert.deepEqual(cellOrigin(g, 47), { x: 360, y: 40 });
+  assert.deepEqual(cellCentre(g, 47), { x: 379, y: 59 });
+  assert.equal(cellAt(g, 379, 59), 47);
+  assert.equal(cellAt(g, 399.9, 79.9), 47);
+  assert.equal(cellAt(g, 400, 59), -1, "past the last block on the last row");
+  assert.equal(cellAt(g, 1520, 10), -1, "right of the grid");
+});
+
+test("seven blocks in a narrow box: 40 and 34 px are too tall, 28 px makes 3 columns", () => {
   const g = gridLayout(7, 100, 100);
-  assert.deepEqual(g, { n: 7, cols: 3, rows: 3, pitch: 28, cell: 27, width: 84, height: 84 });
+  assert.deepEqual(g, { n: 7, cols: 3, rows: 3, pitch: 28, cell: 26, width: 84, height: 84 });
   assert.equal(cellAt(g, 1, 57), 6);
   assert.equal(cellAt(g, 83.9, 55.9), 5);
   assert.equal(cellAt(g, 29, 57), -1, "past the last block on the last row");
   assert.equal(cellAt(g, 83.9, 83.9), -1);
   assert.deepEqual(cellOrigin(g, 6), { x: 0, y: 56 });
-  assert.deepEqual(cellCentre(g, 6), { x: 13.5, y: 69.5 });
+  assert.deepEqual(cellCentre(g, 6), { x: 13, y: 69 });
 });
 
 test("1,000 blocks: the largest pitch whose grid fits the height", () => {
@@ -60,8 +79,8 @@ test("no blocks: an empty grid where nothing is found", () => {
   assert.equal(cellAt(g, 0, 0), -1);
 });
 
-test("pixel -> block -> pixel round trip at 1, 7, 1,000 and 10,000 blocks", () => {
-  for (const [n, w, h] of [[1, 800, 600], [7, 100, 100], [1000, 1200, 600], [10000, 1550, 700], [10000, 977, 333]] as const) {
+test("pixel -> block -> pixel round trip at 1, 7, 48, 1,000 and 10,000 blocks", () => {
+  for (const [n, w, h] of [[1, 800, 600], [7, 100, 100], [48, 1538, 700], [48, 500, 300], [1000, 1200, 600], [10000, 1550, 700], [10000, 977, 333]] as const) {
     const g = gridLayout(n, w, h);
     for (let i = 0; i < n; i++) {
       const c = cellCentre(g, i);

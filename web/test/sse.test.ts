@@ -25,3 +25,8 @@ test("keep-alive comments, CRLF, several data lines, an event with no type", () 
   ]);
   assert.equal(r.rest, "");
 });
+
+test("a decision event (no id: the map version did not change)", () => {
+  const r = parseSse('event: decision\ndata: {"job_id":"j","step":340,"map_version":5}\n\n');
+  assert.deepEqual(r, { events: [{ event: "decision", data: '{"job_id":"j","step":340,"map_version":5}', id: null }], rest: "" });
+});

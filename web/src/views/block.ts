@@ -142,6 +142,8 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
 
   return {
     async refresh(reason) {
+      /* At open, map and decision events (each decision scores the block anew): its figures,
+       * the config (thresholds change at a decision) and the records after the last one drawn. */
       if (reason === "poll") return;
       const [b, c] = await Promise.all([getJson<BlockDetail>(jobPath(job, "blocks", id)), getJson<Config>(jobPath(job, "config"))]);
       const now = ctx.current();

@@ -1,6 +1,7 @@
 /* Charts over steps from the job's telemetry: bandwidth saving, blocks per precision, switches
- * per decision, sensitivity, loss when reported. Records are read once: a refresh asks only
- * for the steps after the last one it has. */
+ * per decision, sensitivity, loss when reported. Live: every decision adds a record, so the
+ * charts refresh on map events and on decision events (a decision that changed no precision).
+ * Records are read once: a refresh asks only for the steps after the last one it has. */
 import type uPlot from "uplot";
 import { eachTelemetry, getJson } from "../api";
 import { type Chart, makeChart } from "../chart";
@@ -93,14 +94,18 @@ export function chartsView(ctx: ViewContext, job: string): View {
       },
       [x, s.max, s.mean, s.min],
     );
-    loss.note.textContent = s.hasLoss ? "" : "No loss in the telemetry records of this job (prismd's records carry none today).";
+    loss.note.textContent = s.hasLoss
+      ? ""
+      : points.length
+        ? "No loss in these records: a record carries one when the trainer reported a loss for the decision's step."
+        : "";
     loss.box.hidden = !s.hasLoss;
     put(loss, { label: loss.title, series: [{ label: "loss", colour: "#d55e00" }] }, [x, s.loss]);
   };
 
   return {
     async refresh(reason) {
-      if (reason === "poll") return;
+      if (reason === "poll") return; /* open, map and decision events: the records since the last one */
       const first = async () => {
         const c = await getJson<Config>(jobPath(job, "config"));
         const now = ctx.current();

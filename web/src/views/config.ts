@@ -96,15 +96,21 @@ export function configView(ctx: ViewContext, job: string): View {
       status.textContent = e instanceof ApiError ? e.message : String(e);
     }),
   );
-  /* A token given after prismd refused to show the config (--require-read-token): read it now. */
+  /* A token given after prismd refused to show the config (--require-read-token): read it now;
+   * then the live stream, refused without it, tries again (with it once reads need it). */
   token.addEventListener("change", () => {
-    if (configEditor.value !== "") return;
+    setToken(token.value);
+    if (configEditor.value !== "") return ctx.tokenGiven();
     load(false).then(
       () => {
         ctx.error(null);
         ctx.ready();
+        ctx.tokenGiven();
       },
-      (e: unknown) => ctx.error(e),
+      (e: unknown) => {
+        ctx.error(e);
+        ctx.tokenGiven();
+      },
     );
   });
   configSave.addEventListener("click", () => save(configSave, "PATCH", "config", configEditor.value));
@@ -112,7 +118,7 @@ export function configView(ctx: ViewContext, job: string): View {
 
   return {
     async refresh(reason) {
-      if (reason === "poll") return;
+      if (reason === "poll" || reason === "decision") return;
       await load(false);
       ctx.ready();
     },

@@ -1,55 +1,22 @@
 /* The jobs view: one row per job of GET v1/jobs (polled by the shell every 5 s), with the share
- * of blocks at each precision, the saving and the time since the last decision, read from the
- * job's block map and last telemetry record when its map changed, or DETAIL_MAX_AGE_MS after
- * they were read (a decision that changed nothing moves the last decision on, not the map): a
- * 10,000-block job's map is megabytes, not something to read every 5 s. */
-import { getJson } from "../api";
+ * of blocks at each precision, the saving and the time since the last decision from the same
+ * answer (its per-job summary): one small request per poll whatever the jobs' sizes, and no
+ * read of any job's block map or telemetry. */
 import { h, replace, source, table } from "../dom";
 import { DASH, age, num, pct } from "../format";
 import { PRECISIONS, isPrecision, precisionColour } from "../palette";
 import { shares, wholePercents } from "../scale";
-import type { BlockMap, Job, TelemetryPage } from "../types";
-import { jobPath } from "../url";
+import type { Job } from "../types";
 import type { View, ViewContext } from "../view";
 
-/** The longest the precisions, saving and last decision of a row go unread. */
-export const DETAIL_MAX_AGE_MS = 30000;
-
-interface JobDetail {
-  /** the job's map_version when these were read */
-  mapVersion: number;
-  /** when (Date.now()) they were read */
-  readAt: number;
-  counts: Record<string, number>;
-  saving: number | null;
-  decisionStep: number | null;
-  decisionTime: number | null;
-}
-
-/** Kept across visits of the view, so that coming back draws at once. */
-const details = new Map<string, JobDetail>();
-const pending = new Set<string>();
-
-async function fetchDetail(job: Job): Promise<void> {
-  const map = await getJson<BlockMap>(jobPath(job.job_id, "blocks"));
-  const counts: Record<string, number> = {};
-  for (const b of map.blocks) counts[b.precision] = (counts[b.precision] ?? 0) + 1;
-  const t = map.telemetry;
-  const before = details.get(job.job_id);
-  let decisionTime = before && t && before.decisionStep === t.step_id ? before.decisionTime : null;
-  if (t && decisionTime === null) {
-    const page = await getJson<TelemetryPage>(jobPath(job.job_id, "telemetry"), { since_step: t.step_id, limit: 1 });
-    const r = page.records[0];
-    decisionTime = r && r.step_id === t.step_id ? r.timestamp : null;
-  }
-  details.set(job.job_id, {
-    mapVersion: job.map_version,
-    readAt: Date.now(),
-    counts,
-    saving: t ? t.estimated_bandwidth_saving_pct : null,
-    decisionStep: t ? t.step_id : null,
-    decisionTime,
-  });
+/**
+ * The last decision's cell: "12 s (step 340)", the time since it by the page's clock (a clock
+ * ahead of the page's reads as 0 s); its step alone when prismd has no time for it (a job
+ * restored from a store without one); a dash before any decision.
+ */
+export function lastDecisionText(step: number | null | undefined, unix: number | null | undefined, nowUnix: number): string {
+  if (step === null || step === undefined) return DASH;
+  return unix === null || unix === undefined ? `step ${num(step)}` : `${age(nowUnix - unix)} (step ${num(step)})`;
 }
 
 function precisionBar(counts: Record<string, number>): HTMLElement {
@@ -98,7 +65,6 @@ export function jobsView(ctx: ViewContext): View {
     replace(
       body,
       jobs.map((job) => {
-        const d = details.get(job.job_id);
         const href = `#/jobs/${encodeURIComponent(job.job_id)}`;
         const short = job.agents_connected < job.world_size;
         return h(
@@ -109,13 +75,9 @@ export function jobsView(ctx: ViewContext): View {
           h("td", { class: "num" }, num(job.map_version)),
           h("td", { class: short ? "num bad" : "num" }, `${job.agents_connected} / ${job.world_size}`),
           h("td", { class: "num" }, num(job.blocks)),
-          h("td", null, d ? precisionBar(d.counts) : DASH),
-          h("td", { class: "num" }, d ? pct(d.saving) : DASH),
-          h(
-            "td",
-            { class: "num" },
-            d && d.decisionStep !== null ? `${d.decisionTime !== null ? age(now - d.decisionTime) : DASH} (step ${num(d.decisionStep)})` : DASH,
-          ),
+          h("td", null, precisionBar(job.precisions)),
+          h("td", { class: "num" }, pct(job.bandwidth_saving_pct)),
+          h("td", { class: "num" }, lastDecisionText(job.last_decision_step, job.last_decision_unix, now)),
           h("td", null, warning(job) ?? h("span", { class: "ok" }, "ok")),
         );
       }),
@@ -127,25 +89,6 @@ export function jobsView(ctx: ViewContext): View {
       const jobs = ctx.jobs();
       if (!jobs) return;
       draw(jobs);
-      const now = Date.now();
-      const stale = jobs.filter((j) => {
-        const d = details.get(j.job_id);
-        return !pending.has(j.job_id) && (!d || d.mapVersion !== j.map_version || now - d.readAt >= DETAIL_MAX_AGE_MS);
-      });
-      await Promise.all(
-        stale.map(async (j) => {
-          pending.add(j.job_id);
-          try {
-            await fetchDetail(j);
-          } catch (e) {
-            ctx.error(e);
-          } finally {
-            pending.delete(j.job_id);
-          }
-        }),
-      );
-      if (stale.length) draw(ctx.jobs() ?? jobs);
-      /* Ready once every row has had its first try at the precisions, saving and decision. */
       ctx.ready();
     },
     destroy() {},

@@ -273,7 +273,9 @@ export function mapView(ctx: ViewContext, job: string): View {
 
   return {
     async refresh(reason) {
-      if (reason === "poll") return; /* the map changes only with a map event */
+      /* The map changes only with a map event: a decision that changed nothing is not worth a
+       * 10,000-block map (its scores show at the next map event; the job bar shows the decision). */
+      if (reason === "poll" || reason === "decision") return;
       const [m, c] = await Promise.all([getJson<BlockMap>(jobPath(job, "blocks")), getJson<Config>(jobPath(job, "config"))]);
       rules = {
         bands: thresholdBands(c),

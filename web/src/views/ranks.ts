@@ -35,7 +35,8 @@ export function ranksView(ctx: ViewContext, job: string): View {
   const note = h("p", { class: "note" });
   replace(ctx.body, h("section", { class: "panel wide" }, h("div", { class: "panel-head" }, h("h2", null, "Ranks"), source(jobPath(job, "ranks"))), note, t));
   return {
-    async refresh() {
+    async refresh(reason) {
+      if (reason === "decision") return; /* ranks move with steps and acks: the 5 s poll, map events */
       const a = await getJson<RanksAnswer>(jobPath(job, "ranks"));
       ctx.facts({
         world_size: a.world_size,
