@@ -264,16 +264,14 @@ class MemoryLimitsTest(unittest.TestCase):
                 s.connect((host, int(port)))
                 s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
                 stalled.append(s)
-            answer = {}
-
-            def third_refused():
-                nonlocal refused
-                answer["last"] = p.http("/metrics")
-                if answer["last"][0] != 503:
-                    return False
-                refused += 1
-                return True
-            wait_for("both stalled /metrics answers to be in flight", third_refused)
+            # prismd takes an answer's slot before it sends its first byte: once each stalled
+            # client has a byte waiting, both slots are held (and stay held: 7.8 MB do not fit
+            # in loopback's buffers while the clients do not read).
+            for s in stalled:
+                s.settimeout(120)
+                self.assertEqual(len(s.recv(1, socket.MSG_PEEK)), 1)
+            answer = {"last": p.http("/metrics")}
+            refused += answer["last"][0] == 503
             doc = json.loads(answer["last"][1])
             self.assertEqual(doc["error"], {"code": "unavailable", "message":
                              "2 /metrics answers of over 4096 blocks are being sent, the limit "
@@ -291,7 +289,7 @@ class MemoryLimitsTest(unittest.TestCase):
                 nonlocal refused
                 refused += 1
             return r if r[0] == 200 and "\nprism_metrics_streams 0\n" in r[1] else None
-        status, text = wait_for("both slots to be free", freed)
+        status, text = wait_for("both slots to be free", freed, timeout_s=120)
         self.assertIn("\nprism_metrics_streams_refused_total %d\n" % refused, text)
         self.assertIn("\nprism_streamed_answers_refused_total 0\n", text)
         a.close()
