@@ -109,25 +109,50 @@ static bool policy_thread_alive(const prismd_server *srv)
     return alive > 0 && now_ms - alive < 2000;
 }
 
+static void say(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Writes the message into out, cut to len bytes (a message need not be whole). */
+static void say(char *out, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, len, fmt, ap);
+    va_end(ap);
+}
+
 /* Ready while this process still holds the lock on the data directory it was given (the lock
- * file at its path is the one we hold), the directory is writable and the policy thread runs. */
-static void route_readyz(const prismd_server *srv, prismd_reply *reply)
+ * file at its path is the one we hold), the directory is writable and the policy thread runs.
+ * True when ready; else false with why (of why_len bytes) saying what is not. /readyz and
+ * /metrics' prism_ready both ask this. */
+static bool server_ready(const prismd_server *srv, char *why, size_t why_len)
 {
     struct stat held, at_path;
     if (srv->lock_fd < 0 || fstat(srv->lock_fd, &held) != 0)
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "data dir %s: the lock is not held", srv->data_dir);
+        say(why, why_len, "data dir %s: the lock is not held", srv->data_dir);
     else if (stat(srv->lock_path, &at_path) != 0 || at_path.st_dev != held.st_dev ||
              at_path.st_ino != held.st_ino)
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "data dir %s: the lock file %s was removed or replaced", srv->data_dir,
-                    srv->lock_path);
+        say(why, why_len, "data dir %s: the lock file %s was removed or replaced", srv->data_dir,
+            srv->lock_path);
     else if (access(srv->data_dir, W_OK) != 0)
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "data dir %s is not writable: %s", srv->data_dir, strerror(errno));
+        say(why, why_len, "data dir %s is not writable: %s", srv->data_dir, strerror(errno));
     else if (!policy_thread_alive(srv))
-        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready",
-                    "the policy thread has not run for over 2 s (starting, or stuck)");
+        say(why, why_len, "the policy thread has not run for over 2 s (starting, or stuck)");
+    else
+        return true;
+    return false;
+}
+
+bool prismd_http_ready(const void *srv)
+{
+    char why[512];
+    return server_ready(srv, why, sizeof why);
+}
+
+static void route_readyz(const prismd_server *srv, prismd_reply *reply)
+{
+    char why[512];
+    if (!server_ready(srv, why, sizeof why))
+        reply_error(reply, MHD_HTTP_SERVICE_UNAVAILABLE, "not_ready", "%s", why);
     else
         reply_json(reply, MHD_HTTP_OK,
                    json_pack("{s:s, s:s}", "status", "ready", "data_dir", srv->data_dir),

@@ -61,6 +61,10 @@ prismd_http *prismd_http_start_health(prismd_server *srv, const struct sockaddr_
 /* Stops the listener (its connections end) and frees it. NULL: nothing. */
 void prismd_http_stop(prismd_http *h);
 
+/* Whether /readyz would answer 200 now (srv: the prismd_server): for /metrics' prism_ready,
+ * through prismd_rest's ready. */
+bool prismd_http_ready(const void *srv);
+
 /* The "HTTP endpoints" part of --help: prismd's own routes and REST's. */
 void prismd_http_print_help(FILE *out);
 

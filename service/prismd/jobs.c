@@ -78,6 +78,7 @@ struct prismd_job {
                              * known (restored from a store written before prismd kept it) */
     int64_t last_active_ms; /* wall clock of the last agent message or disconnect (--job-idle-expiry) */
     int64_t saved_active_ms; /* the last_active_ms the store has */
+    uint64_t decisions;     /* made since prismd started */
 };
 
 struct prismd_jobs {
@@ -98,6 +99,7 @@ struct prismd_jobs {
     prismd_tokens *tokens;  /* provisioned job tokens in force; NULL: none */
     int64_t last_expiry_check_ms;
     uint64_t token_loads_failed_seen; /* a failed reload changes only /metrics */
+    uint64_t store_writes_published;  /* the store's write count in the last snapshot */
 };
 
 /* Wall-clock milliseconds: job activity is kept across restarts, so it cannot be monotonic. */
@@ -1019,8 +1021,10 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
                        LOG_END);
             continue;
         }
-        if (r.decided)
+        if (r.decided) {
             j->counters.decisions++;
+            job->decisions++;
+        }
         if (r.map_changed) {
             job->decided_step = r.decided_step;
             job->effective_step = r.effective_step;
@@ -1434,6 +1438,10 @@ static bool snap_ranks(prismd_snap_job *sj, const prismd_job *job)
             sj->ranks_lagging++;
         if (f->connected && !prismd_rank_acked_current(f, sj->map_version))
             sj->ranks_not_acked++;
+        if (f->has_late_switches) /* summed up to UINT64_MAX (counts from the wire) */
+            sj->late_switches = f->late_switches > UINT64_MAX - sj->late_switches
+                                    ? UINT64_MAX
+                                    : sj->late_switches + f->late_switches;
     }
     return true;
 }
@@ -1494,6 +1502,7 @@ static void publish(prismd_jobs *j)
         sj->has_summary = job->has_summary;
         sj->summary = job->summary;
         sj->decided_unix = job->decided_unix;
+        sj->decisions = job->decisions;
         memcpy(sj->switches, job->switches, sizeof sj->switches);
         if (!snap_ranks(sj, job)) {
             snap_job_free(sj);
@@ -1529,6 +1538,9 @@ static void publish(prismd_jobs *j)
     memcpy(snap->decision_buckets, j->decision_buckets, sizeof snap->decision_buckets);
     snap->decision_count = j->decision_count;
     snap->decision_seconds = j->decision_seconds;
+    if (j->store)
+        prismd_store_writes_get(j->store, &snap->store_writes);
+    j->store_writes_published = snap->store_writes.count;
     prismd_snapshots_publish(j->snapshots, snap);
 }
 
@@ -1639,6 +1651,12 @@ int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
         int64_t wait = prism_merger_wait_ms(job->merger, now_ms);
         if (wait >= 0 && (next < 0 || wait < next))
             next = wait;
+    }
+    if (j->store) { /* a write no other change published (an activity time, a config) still shows */
+        prismd_store_writes w;
+        prismd_store_writes_get(j->store, &w);
+        if (w.count != j->store_writes_published)
+            j->dirty = true;
     }
     if (j->snapshots && (j->urgent || (j->dirty && now_ms - j->last_publish_ms >= 250))) {
         publish(j);

@@ -980,6 +980,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
     srv.rest.admin_token = opts->admin_token;
     srv.rest.require_read_token = opts->require_read_token;
     srv.rest.mem = &opts->mem;
+    srv.rest.ready = prismd_http_ready;
+    srv.rest.ready_ctx = &srv;
     daemon = prismd_http_start(&srv, &opts->http_addr, opts->tls_cert, opts->tls_key, &err);
     if (!daemon) {
         prism_log(PRISM_LOG_ERROR, "cannot listen", "http", opts->http_text, "error", err.message,

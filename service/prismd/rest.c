@@ -790,6 +790,9 @@ static void metrics_done(void *cls)
 static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, prismd_answer *a)
 {
     text t = {0};
+    family(&t, "prism_ready", "gauge",
+           "1 when /readyz answers 200 (the data directory locked and writable, the policy thread running), else 0.");
+    add(&t, "prism_ready %d\n", !rest->ready || rest->ready(rest->ready_ctx) ? 1 : 0);
     family(&t, "prism_jobs", "gauge", "Jobs held by this prismd.");
     add(&t, "prism_jobs %zu\n", snap->njobs);
     family(&t, "prism_agents_connected", "gauge", "Agent streams connected, per job.");
@@ -839,6 +842,34 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     family(&t, "prism_map_version", "gauge", "Version of the job's precision map.");
     for (size_t i = 0; i < snap->njobs; i++)
         add(&t, "prism_map_version{job=\"%s\"} %llu\n", snap->jobs[i].id, (unsigned long long)snap->jobs[i].map_version);
+    family(&t, "prism_job_decisions_total", "counter", "Policy decisions made for the job since prismd started.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_job_decisions_total{job=\"%s\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)snap->jobs[i].decisions);
+    family(&t, "prism_job_last_decision_timestamp_seconds", "gauge",
+           "Unix time of the job's last decision, kept across restarts (GET /v1/jobs' last_decision_unix); 0: none "
+           "yet, or its time is not known.");
+    for (size_t i = 0; i < snap->njobs; i++) {
+        const prismd_snap_job *j = &snap->jobs[i];
+        add(&t, "prism_job_last_decision_timestamp_seconds{job=\"%s\"} %.17g\n", j->id,
+            j->has_summary && isfinite(j->decided_unix) ? j->decided_unix : 0.0);
+    }
+    family(&t, "prism_job_ranks_lagging", "gauge",
+           "Connected ranks of the job more than 2 steps behind its newest reported step, or that reported nothing "
+           "while another rank did (GET /v1/jobs' ranks_lagging).");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_job_ranks_lagging{job=\"%s\"} %u\n", snap->jobs[i].id, snap->jobs[i].ranks_lagging);
+    family(&t, "prism_job_ranks_not_acked", "gauge",
+           "Connected ranks of the job whose agent has not acknowledged its current map (GET /v1/jobs' "
+           "ranks_not_acked).");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_job_ranks_not_acked{job=\"%s\"} %u\n", snap->jobs[i].id, snap->jobs[i].ranks_not_acked);
+    family(&t, "prism_job_ranks_late_switches", "gauge",
+           "Late switches of the job's trainers: the trainer_late_switches of each rank's last Heartbeat, summed "
+           "(a rank that sent none counts 0).");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(&t, "prism_job_ranks_late_switches{job=\"%s\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)snap->jobs[i].late_switches);
     family(&t, "prism_step_reports_total", "counter", "Step reports received from agents, by outcome.");
     add(&t, "prism_step_reports_total{outcome=\"accepted\"} %llu\n", (unsigned long long)snap->reports_accepted);
     add(&t, "prism_step_reports_total{outcome=\"malformed\"} %llu\n", (unsigned long long)snap->reports_rejected);
@@ -894,6 +925,16 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     add(&t, "prism_decision_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)snap->decision_count);
     add(&t, "prism_decision_duration_seconds_sum %.9f\n", snap->decision_seconds);
     add(&t, "prism_decision_duration_seconds_count %llu\n", (unsigned long long)snap->decision_count);
+    family(&t, "prism_store_write_duration_seconds", "histogram",
+           "Time of each SQLite write transaction prismd committed since it started (a decision's map and state, "
+           "a job's config, deletion and activity time, calibration errors), from its first statement to COMMIT.");
+    const prismd_store_writes *w = &snap->store_writes;
+    for (int b = 0; b < PRISMD_STORE_WRITE_BUCKETS; b++)
+        add(&t, "prism_store_write_duration_seconds_bucket{le=\"%g\"} %llu\n", prismd_store_write_buckets[b],
+            (unsigned long long)w->buckets[b]);
+    add(&t, "prism_store_write_duration_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)w->count);
+    add(&t, "prism_store_write_duration_seconds_sum %.9f\n", w->seconds);
+    add(&t, "prism_store_write_duration_seconds_count %llu\n", (unsigned long long)w->count);
     family(&t, "prism_http_requests_total", "counter", "HTTP requests answered, by status class.");
     static const char *const classes[6] = {"0xx", "1xx", "2xx", "3xx", "4xx", "5xx"};
     for (int c = 1; c < 6; c++)

@@ -18,6 +18,8 @@ typedef struct prismd_rest {
     const char *admin_token;   /* NULL: none */
     bool require_read_token;   /* --require-read-token: reads of a job need its or the admin token */
     const prismd_memory_limits *mem; /* answer sizes and streamed answers at once; NULL: none */
+    bool (*ready)(const void *ctx);  /* /readyz's verdict, for prism_ready; NULL: always ready */
+    const void *ready_ctx;
 } prismd_rest;
 
 /* A query argument of the request, or NULL. */

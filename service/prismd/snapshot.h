@@ -5,6 +5,7 @@
 #define PRISMD_SNAPSHOT_H
 
 #include "policy.h"
+#include "store.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -83,6 +84,9 @@ typedef struct prismd_snap_job {
     uint64_t newest_step;        /* the newest step any rank reported */
     uint32_t ranks_lagging;      /* ranks with prismd_rank_lagging */
     uint32_t ranks_not_acked;    /* connected ranks without prismd_rank_acked_current */
+    uint64_t late_switches;      /* the ranks' late_switches summed (unknown ones count 0; at most
+                                  * UINT64_MAX) */
+    uint64_t decisions;          /* decisions made for the job since prismd started */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */
 } prismd_snap_job;
@@ -101,6 +105,7 @@ typedef struct prismd_snapshot {
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */
     uint64_t decision_count;
     double decision_seconds;
+    prismd_store_writes store_writes; /* the store's committed write transactions */
     _Atomic(char *) jobs_json;   /* GET /v1/jobs, rendered once */
     _Atomic(char *) jobs_gzip;
 } prismd_snapshot;

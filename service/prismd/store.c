@@ -24,13 +24,44 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SCHEMA_VERSION "2"
+
+const double prismd_store_write_buckets[PRISMD_STORE_WRITE_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                                      0.05,   0.1,   0.25,   0.5,   1,    2.5};
 
 struct prismd_store {
     sqlite3 *db;
     sqlite3_stmt *save_state, *save_switch, *save_calibration;
+    prismd_store_writes writes; /* committed write transactions, for /metrics */
 };
+
+/* The start of a write transaction, for write_committed. */
+static struct timespec write_start(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t;
+}
+
+/* Counts a write transaction that started at t0 and has just committed. */
+static void write_committed(prismd_store *s, struct timespec t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    for (int b = 0; b < PRISMD_STORE_WRITE_BUCKETS; b++)
+        if (seconds <= prismd_store_write_buckets[b])
+            s->writes.buckets[b]++;
+    s->writes.count++;
+    s->writes.seconds += seconds;
+}
+
+void prismd_store_writes_get(const prismd_store *s, prismd_store_writes *out)
+{
+    *out = s->writes;
+}
 
 static const char *const schema =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -219,6 +250,7 @@ prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const ch
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
     sqlite3_stmt *st = NULL;
     prism_status rc = PRISM_OK;
+    struct timespec t0 = write_start();
     if (sqlite3_prepare_v2(s->db, "INSERT INTO jobs(id, token, world_size, config) VALUES(?,?,?,?) ON CONFLICT(id) DO UPDATE SET"
                            " token = excluded.token, world_size = excluded.world_size, config = excluded.config", -1,
                            &st, NULL) != SQLITE_OK) {
@@ -235,6 +267,8 @@ prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const ch
             rc = db_error(s, err, "save job");
     }
     sqlite3_finalize(st);
+    if (!rc)
+        write_committed(s, t0);
     free(config);
     return rc;
 }
@@ -425,6 +459,7 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
     }
     prism_policy_progress progress;
     prism_policy_progress_get(p, &progress);
+    struct timespec t0 = write_start();
     prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
     if (rc) {
         free(b.data);
@@ -471,6 +506,8 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
         exec(s, "ROLLBACK", NULL); /* a failed COMMIT can leave the transaction open */
         *err = keep;
     }
+    if (!rc)
+        write_committed(s, t0);
     free(b.data);
     free(sb.data);
     return rc;
@@ -480,6 +517,7 @@ prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *finge
                                            const char *job_id, prism_precision format, const uint32_t *block_ids,
                                            const double *errors, size_t count, prism_error *err)
 {
+    struct timespec t0 = write_start();
     prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
     sqlite3_stmt *own = NULL;
     if (!rc && sqlite3_prepare_v2(s->db, "INSERT OR IGNORE INTO calibration_owner(fingerprint, job_id) VALUES(?, ?)",
@@ -508,6 +546,8 @@ prism_status prismd_store_save_calibration(prismd_store *s, const uint8_t *finge
     }
     if ((rc = exec(s, "COMMIT", err)) && !sqlite3_get_autocommit(s->db))
         exec(s, "ROLLBACK", NULL);
+    if (!rc)
+        write_committed(s, t0);
     return rc;
 }
 
@@ -652,6 +692,7 @@ prism_status prismd_store_delete_job(prismd_store *s, const char *job_id, prism_
     static const char *const sql[] = {"DELETE FROM switches WHERE job_id = ?", "DELETE FROM job_state WHERE job_id = ?",
                                       "DELETE FROM job_activity WHERE job_id = ?",
                                       "DELETE FROM calibration_owner WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"};
+    struct timespec t0 = write_start();
     prism_status rc = exec(s, "BEGIN IMMEDIATE", err);
     for (size_t i = 0; !rc && i < sizeof sql / sizeof sql[0]; i++) {
         sqlite3_stmt *st = NULL;
@@ -675,6 +716,8 @@ prism_status prismd_store_delete_job(prismd_store *s, const char *job_id, prism_
         exec(s, "ROLLBACK", NULL);
         *err = keep;
     }
+    if (!rc)
+        write_committed(s, t0);
     return rc;
 }
 
@@ -683,6 +726,7 @@ prism_status prismd_store_save_activity(prismd_store *s, const char *job_id, int
 {
     sqlite3_stmt *st = NULL;
     prism_status rc = PRISM_OK;
+    struct timespec t0 = write_start();
     if (sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO job_activity(job_id, last_active_ms) VALUES(?,?)", -1, &st,
                            NULL) != SQLITE_OK)
         return db_error(s, err, "save activity");
@@ -691,6 +735,8 @@ prism_status prismd_store_save_activity(prismd_store *s, const char *job_id, int
     if (sqlite3_step(st) != SQLITE_DONE)
         rc = db_error(s, err, "save activity");
     sqlite3_finalize(st);
+    if (!rc)
+        write_committed(s, t0);
     return rc;
 }
 

@@ -10,6 +10,24 @@
 
 typedef struct prismd_store prismd_store;
 
+/* The write transactions a store committed (its /metrics histogram,
+ * prism_store_write_duration_seconds): each one's time from its first statement to its COMMIT
+ * (a single statement in autocommit mode is its own transaction), on CLOCK_MONOTONIC. Counted
+ * once committed; a write that failed or was rolled back is not (prism_store_errors_total counts
+ * those). The schema made or migrated at open is not counted either: only what prismd writes
+ * while it serves. */
+#define PRISMD_STORE_WRITE_BUCKETS 12
+extern const double prismd_store_write_buckets[PRISMD_STORE_WRITE_BUCKETS]; /* seconds, upper bounds */
+
+typedef struct prismd_store_writes {
+    uint64_t buckets[PRISMD_STORE_WRITE_BUCKETS]; /* cumulative: writes of at most each bound */
+    uint64_t count;                                /* every committed write (the +Inf bucket) */
+    double seconds;                                /* their times summed */
+} prismd_store_writes;
+
+/* The store's committed writes so far (all zero for a reader). */
+void prismd_store_writes_get(const prismd_store *s, prismd_store_writes *out);
+
 /* Opens (creating) DATA_DIR/prism.db. */
 prismd_store *prismd_store_open(const char *data_dir, prism_error *err);
 
