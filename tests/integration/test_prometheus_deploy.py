@@ -352,10 +352,10 @@ class Stack:
         env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"), PRISM_LIBRARY=LIBRARY)
         port = free_port()
         for r in range(WORLD):
-            self.spawn(f"trainer{r}", [sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"), "--job", JOB,
-                                       "--rank", str(r), "--world", str(WORLD), "--dir", os.path.join(self.dir, f"agent{r}"),
-                                       "--steps", str(STEPS), "--step-ms", str(STEP_MS), "--dist-port", str(port)],
-                       env=env)
+            self.spawn(f"trainer{r}", [sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"),
+                                       "--job", JOB, "--rank", str(r), "--world", str(WORLD),
+                                       "--dir", os.path.join(self.dir, f"agent{r}"), "--steps", str(STEPS),
+                                       "--step-ms", str(STEP_MS), "--dist-port", str(port)], env=env)
 
     def start_prometheus(self, rule_paths):
         config = {
@@ -630,10 +630,9 @@ class PrometheusDeployTest(unittest.TestCase):
             if vtype == "datasource":
                 values[name] = None  # not to appear in an expression
                 continue
-            if vtype == "constant" or vtype == "custom" or vtype == "textbox" or vtype == "interval":
-                opts = [o.get("value") for o in var.get("options") or [] if o.get("value") not in (None, "$__all")]
-                current = (var.get("current") or {}).get("value")
-                first = opts[0] if opts else (current if isinstance(current, str) else str(var.get("query", "")).split(",")[0])
+            if vtype in ("constant", "custom", "textbox", "interval"):
+                # Values written in the dashboard: Grafana starts from the first (its query is "a,b,c").
+                first = str(var.get("query", "")).split(",")[0].strip()
                 values[name] = ".+" if (var.get("includeAll") or var.get("multi")) else first
                 continue
             if vtype != "query":
