@@ -431,6 +431,15 @@ class PromError(Exception):
     pass
 
 
+def sample(rtype, result):
+    """ "  (first: VALUE)" of an instant query's answer, for the log; "" when it has none."""
+    if rtype == "vector" and result:
+        return f"  (first: {result[0]['value'][1]})"
+    if rtype == "scalar":
+        return f"  (scalar: {result[1]})"
+    return ""
+
+
 def metric_value(text, name):
     m = re.search(r"^%s(?:\{\})? (\S+)$" % re.escape(name), text, re.M)
     return float(m.group(1)) if m else None
@@ -585,7 +594,7 @@ class PrometheusDeployTest(unittest.TestCase):
                 problems.append(f"{where}\n    query: {e.query}\n    error: {err}")
                 continue
             n = len(result) if rtype in ("vector", "matrix") else 1
-            log(f"{n:4d} series  {where}")
+            log(f"{n:4d} series  {where}{sample(rtype, result)}")
             if empty_reason is None and n == 0:
                 problems.append(f"{where}\n    query: {e.query}\n    error: no series{self.dead_selectors(s, e, at)} "
                                 f"(if it is empty by nature, list it in EMPTY_BY_NATURE with the reason)")
