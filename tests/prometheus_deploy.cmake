@@ -8,6 +8,6 @@
 if(PRISM_PYTHON_TESTS AND NOT PRISM_SANITIZE AND NOT PRISM_TSAN)
   add_test(NAME test_prometheus_deploy
     COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_prometheus_deploy.py)
-  set_tests_properties(test_prometheus_deploy PROPERTIES ENVIRONMENT "${PRISM_AGENT_TEST_ENV}" TIMEOUT 900
+  set_tests_properties(test_prometheus_deploy PROPERTIES ENVIRONMENT "${PRISM_AGENT_TEST_ENV}" TIMEOUT 1200
     REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>")
 endif()

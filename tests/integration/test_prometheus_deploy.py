@@ -17,9 +17,10 @@ every rule group evaluated at least twice after that. It then fixes one evaluati
 oldest of every target's newest scrape and every group's newest evaluation (so every sample up to
 T is in), and runs through /api/v1/query at T:
 
-  - every target expression of every panel of every dashboard (rows' nested panels too), with
-    Grafana's variables replaced as Grafana would: $job by the test's training job, any other
-    query variable by its first value, or by `.+` ("All") where it allows several values or All;
+  - every target expression of every panel of every dashboard (rows' nested panels too) and of
+    its annotations, with Grafana's variables replaced as Grafana would: $job by the test's
+    training job, any other query variable by its first value, or by its allValue (else `.+`)
+    where it allows several values or All;
     $__interval, $__rate_interval and $__range as Grafana computes them from the dashboard's time
     range and a 1 s scrape interval. Every query variable's own query (label_values(...),
     query_result(...), ...) is run too and must list values;
@@ -261,7 +262,7 @@ def substitute(expr, values):
 
 class Expr:
     """One expression to run: where it comes from (file, what), its text as written, its kind
-    ("panel", "variable", "record", "alert") and, for rules, the rule's name."""
+    ("panel", "annotation", "record", "alert") and, for rules, the rule's name."""
 
     def __init__(self, file, what, raw, kind, name=None):
         self.file, self.what, self.raw, self.kind, self.name = file, what, raw, kind, name
@@ -677,6 +678,17 @@ class PrometheusDeployTest(unittest.TestCase):
                     continue
                 what = f"panel {panel.get('title')!r} (id {panel.get('id')}), target {target.get('refId')}"
                 e = Expr(path, what, target["expr"], "panel")
+                try:
+                    e.query = substitute(e.raw, values)
+                except AssertionError as err:
+                    problems.append(f"{rel}: {what}\n    expr: {e.raw}\n    error: {err}")
+                    continue
+                out.append(e)
+        # Prometheus annotations hold an expression too (Grafana's built-in one has none).
+        for ann in (board.get("annotations") or {}).get("list", []):
+            if ann.get("expr"):
+                what = f"annotation {ann.get('name')!r}"
+                e = Expr(path, what, ann["expr"], "annotation")
                 try:
                     e.query = substitute(e.raw, values)
                 except AssertionError as err:
