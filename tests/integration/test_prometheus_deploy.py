@@ -232,7 +232,7 @@ def grafana_intervals(dashboard):
     m = re.fullmatch(r"now-(\d+(?:ms|s|m|h|d|w|y))", frm)
     range_s = duration_s(m.group(1)) if m else 3600
     raw = range_s / 1000
-    interval = next((v for bound, v in _ROUND if raw < bound), 86400 * 7)
+    interval = next((v for bound, v in _ROUND if raw < bound), 86400 if raw < 604800 else 604800)
     interval = max(interval, SCRAPE_S)
     rate = max(interval + SCRAPE_S, 4 * SCRAPE_S)
     return {"__range": prom_duration(range_s), "__range_s": str(int(range_s)), "__range_ms": str(int(range_s * 1000)),
@@ -723,6 +723,42 @@ class PrometheusDeployTest(unittest.TestCase):
             return [json.dumps(x.get("metric")) for x in result] if rtype == "vector" else [str(result)]
         series = s.api("/api/v1/series", dict(span, **{"match[]": q}))
         return [json.dumps(x) for x in series]
+
+
+class HelpersTest(unittest.TestCase):
+    """What the test computes itself, on fixed inputs: a wrong substitution or selector would make
+    the checks above pass or fail for the wrong reason."""
+
+    def test_selectors(self):
+        self.assertEqual(selectors('sum by (job, le) (rate(a_bucket{code=~"2..", x="a}b"}[5m]))'),
+                         ['a_bucket{code=~"2..", x="a}b"}'])
+        self.assertEqual(selectors('label_replace(max by (job) (m) > 0, "c", "$1", "", "")'), ["m"])
+        self.assertEqual(selectors("(time() - t > 1800) and on (job, exported_job) (delta(s[30m]) > 0)"),
+                         ["t", "s"])
+        self.assertEqual(selectors('max without(le)(a - a offset 15m) > 0 or {__name__="up"} unless on() vector(1e3)'),
+                         ["a", "a", '{__name__="up"}'])
+        self.assertEqual(selectors("topk(5, x:y:z[5m:1m]) / ignoring(a) group_left(b) bar"), ["x:y:z", "bar"])
+
+    def test_substitute(self):
+        values = {"job": "j", "instance": ".+", "__rate_interval": "6s", "datasource": None}
+        self.assertEqual(substitute('rate(m{exported_job="$job", instance=~"${instance}"}[$__rate_interval])', values),
+                         'rate(m{exported_job="j", instance=~".+"}[6s])')
+        self.assertEqual(substitute('x{a=~"[[instance]]"} ${job:raw} $1 $other', values), 'x{a=~".+"} j $1 $other')
+        with self.assertRaises(AssertionError):
+            substitute('m{a="$datasource"}', values)
+
+    def test_grafana_intervals(self):
+        self.assertEqual(grafana_intervals({"time": {"from": "now-1h"}}),
+                         {"__range": "3600s", "__range_s": "3600", "__range_ms": "3600000", "__interval": "5s",
+                          "__interval_ms": "5000", "__rate_interval": "6s"})
+        self.assertEqual(grafana_intervals({"time": {"from": "now-15m"}})["__rate_interval"], "4s")  # 1s + 1s < 4 x 1s
+        self.assertEqual(grafana_intervals({"time": {"from": "now-6h"}})["__interval"], "20s")
+        self.assertEqual(grafana_intervals({})["__range"], "3600s")
+
+    def test_parse_time(self):
+        self.assertEqual(parse_time("1971-01-01T00:00:01.5Z"), 365 * 86400 + 1.5)
+        self.assertEqual(parse_time("2026-11-26T12:00:00.25+01:00"), parse_time("2026-11-26T11:00:00.25Z"))
+        self.assertIsNone(parse_time("0001-01-01T00:00:00Z"))
 
 
 if __name__ == "__main__":
