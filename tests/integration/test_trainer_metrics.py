@@ -5,15 +5,18 @@ real prism-agents and a real prismd. The trainer drops a report for each reason 
 agent; the agent stopped with SIGSTOP and its socket full; the agent killed with a frame in
 flight), comes back through a second agent, takes a map late, transfers blocks in every precision,
 and the second agent's /metrics must show every prism_agent_trainer_* family with exactly the
-values the trainer did, every label value present. Loopback only; every wait is bounded; every
+values the trainer did, every label value present; then a line as an older libprism writes it
+shows its drops as reason "unknown". Loopback only; every wait is bounded; every
 process is stopped on every path."""
 
 import json
+import mmap
 import os
 import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -305,6 +308,29 @@ class TrainerMetricsTest(unittest.TestCase):
 
         self.assertEqual(self.ask("quit"), "bye")
         self.assertEqual(self.trainer_proc.p.wait(timeout=60), 0, self.trainer_proc.text())
+
+        # A trainer of an older libprism takes over the table and publishes the first line only
+        # (counters_published 1, its dropped total and late switches, nothing past them): its
+        # drops show as reason "unknown", and the newer families as 0.
+        with open(os.path.join(self.shared, "prism-hints"), "r+b") as f:
+            m = mmap.mmap(f.fileno(), 1024)
+            seq = struct.unpack_from("<Q", m, 320)[0]
+            struct.pack_into("<Q", m, 320, seq + 1)  # applied_seq odd: writing
+            struct.pack_into("<QQQQQQ", m, 328, 1, 7, os.getpid(), 1, 5, 2)
+            m[376:376 + 424] = bytes(424)
+            struct.pack_into("<Q", m, 320, seq + 2)
+            m.close()
+        text = wait_for("agent2 shows the older trainer's line", lambda: (
+            lambda t: t if self.sample(t, "prism_agent_trainer_map_step") == "7" else None)(self.scrape(a2)))
+        for reason, n in zip(REASONS, [0, 0, 0, 5]):
+            self.assertEqual(self.sample(text, 'prism_agent_trainer_reports_dropped_total{reason="%s"}' % reason),
+                             str(n))
+        self.assertEqual(self.sample(text, "prism_agent_trainer_late_switches_total"), "2")
+        self.assertEqual(self.sample(text, "prism_agent_trainer_reports_sent_total"), "0")
+        self.assertEqual(self.sample(text, "prism_agent_trainer_map_apply_lag_seconds_count"), "0")
+        self.assertEqual(self.sample(text, 'prism_agent_trainer_transfers_total{precision="int4"}'), "0")
+        self.assertEqual(self.sample(text, 'prism_agent_trainer_allreduce_seconds_total{format="int8"}'),
+                         "0.000000000")
 
 
 if __name__ == "__main__":
