@@ -74,18 +74,24 @@ typedef struct agent_stats {
     _Atomic uint64_t map_effective_step;      /* gauge */
     _Atomic uint64_t maps_applied;            /* maps written to the hint table */
     _Atomic uint64_t blocks_out_of_range;     /* map entries past --max-blocks, ignored */
-    _Atomic uint64_t applied_version;         /* gauge: what the trainer says it uses */
-    _Atomic uint64_t applied_step;            /* gauge */
     _Atomic uint64_t last_step;               /* gauge: last StepReport's step */
     _Atomic uint64_t trainer_connected;       /* gauge: connections open on the local socket */
     _Atomic uint64_t trainer_connections;     /* accepted */
     _Atomic uint64_t trainer_frames;          /* frames read */
     _Atomic uint64_t trainer_frames_rejected; /* frames that closed their connection */
     _Atomic uint64_t ready;                   /* gauge: hint table open and socket listening */
-    _Atomic uint64_t trainer_counters_known;  /* the trainer published the two below */
-    _Atomic uint64_t trainer_reports_dropped; /* the trainer's, from the hint table */
-    _Atomic uint64_t trainer_late_switches;
 } agent_stats;
+
+/* What the agent knows of its trainer, for /metrics: the hint table's trainer line as the
+ * upstream thread last read it (every tick), and who the trainer said it is in its Hello. One
+ * mutex, so a scrape sees one whole line (a histogram's buckets agree with its count). */
+typedef struct agent_trainer {
+    pthread_mutex_t mu;
+    prism_hints_trainer line; /* line.published 0: the trainer published no counters yet */
+    bool said_hello;
+    char *job;                /* the Hello's job_id (owned; NULL before a Hello) */
+    uint32_t rank;
+} agent_trainer;
 
 /* One frame from the trainer, for the upstream thread: a serialized AgentMessage and its kind. */
 typedef struct agent_frame {
@@ -105,6 +111,7 @@ typedef struct agent_inbox {
 typedef struct agent {
     agent_options opts;
     agent_stats stats;
+    agent_trainer trainer;
     agent_inbox inbox;
     prism_hints hints;
     prism_device_profile profile;

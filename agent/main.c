@@ -241,7 +241,9 @@ static void print_usage(FILE *out)
     }
     fprintf(out, "\n"
                  "HTTP: GET /metrics (Prometheus text, prism_agent_* metrics), /healthz, /readyz (200 once\n"
-                 "the hint table and the socket are open).\n"
+                 "the hint table and the socket are open). prism_agent_trainer_* also carries what the\n"
+                 "trainer's libprism publishes in the hint table (reports sent and dropped by reason, late\n"
+                 "switches, map apply lag, block transfers and all-reduces by precision), once it has.\n"
                  "Logs: logfmt lines on stderr.\n"
                  "Signals: SIGTERM or SIGINT closes the socket, ends the stream to prismd and exits 0; the\n"
                  "hint table stays, so the trainer keeps its map and a restarted agent carries on.\n"
@@ -420,8 +422,11 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     signal(SIGPIPE, SIG_IGN);
     agent_inbox_init(&a.inbox, a.opts.queue_bytes);
+    pthread_mutex_init(&a.trainer.mu, NULL);
     int status = run(&a);
     agent_inbox_destroy(&a.inbox);
+    pthread_mutex_destroy(&a.trainer.mu);
+    free(a.trainer.job);
     free(a.opts.token);
     free(a.opts.tls_ca);
     return status;

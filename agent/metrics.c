@@ -56,6 +56,87 @@ static void gauge_d(FILE *f, const char *name, const char *help, double value)
     fprintf(f, "%s %.9g\n", name, value);
 }
 
+/* Nanoseconds as seconds, exactly (nine decimals). */
+static void seconds(FILE *f, uint64_t ns)
+{
+    fprintf(f, "%" PRIu64 ".%09" PRIu64 "\n", ns / 1000000000u, ns % 1000000000u);
+}
+
+/* One counter family with a sample per label value: values[i] for names[i]. */
+static void labelled(FILE *f, const char *name, const char *help, const char *label, const char *const *names,
+                     const uint64_t *values, size_t n, bool as_seconds)
+{
+    metric(f, name, "counter", help);
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "%s{%s=\"%s\"} ", name, label, names[i]);
+        if (as_seconds)
+            seconds(f, values[i]);
+        else
+            fprintf(f, "%" PRIu64 "\n", values[i]);
+    }
+}
+
+/* The trainer line's families (DESIGN 12, prism_agent_trainer_*), once the trainer published
+ * it: every label value, 0 when nothing happened, so that every panel has its series. An older
+ * libprism publishes only its dropped total and late switches: its drops show as reason
+ * "unknown" and the other families as 0. Drops libprism did not give one of its three reasons
+ * (a report too large for a frame, a failed statistics pass) are "unknown" too, so the reasons
+ * always add up to the total. */
+static void render_trainer(FILE *f, const prism_hints_trainer *l)
+{
+    static const char *const precisions[PRISM_PRECISION_COUNT] = {"bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4"};
+    const prism_hints_trainer_ext *x = &l->ext;
+    one(f, "prism_agent_trainer_reports_sent_total", "counter",
+        "step reports the trainer's libprism wrote whole to this agent's socket", x->reports_sent);
+    static const char *const reasons[] = {"no_agent", "agent_busy", "connection_lost", "unknown"};
+    uint64_t dropped[4] = {x->dropped[PRISM_HINTS_DROP_NO_AGENT], x->dropped[PRISM_HINTS_DROP_AGENT_BUSY],
+                           x->dropped[PRISM_HINTS_DROP_CONNECTION_LOST], 0};
+    uint64_t attributed = dropped[0] + dropped[1] + dropped[2];
+    dropped[3] = l->reports_dropped > attributed ? l->reports_dropped - attributed : 0;
+    labelled(f, "prism_agent_trainer_reports_dropped_total",
+             "step reports the trainer's libprism could not send to this agent, by reason", "reason", reasons,
+             dropped, 4, false);
+    one(f, "prism_agent_trainer_late_switches_total", "counter",
+        "maps the trainer first used after their effective step", l->late_switches);
+    const char *lag = "prism_agent_trainer_map_apply_lag_seconds";
+    metric(f, lag, "histogram", "time from the agent writing a map into the hint table to the trainer's first "
+                                "step that used it");
+    static const char *const le[PRISM_HINTS_LAG_EDGES] = {"0.001", "0.01", "0.1", "0.5", "1", "2",
+                                                           "5", "10", "30", "60", "300"};
+    uint64_t cumulative = 0;
+    for (unsigned i = 0; i < PRISM_HINTS_LAG_BUCKETS; i++) {
+        cumulative += x->lag_buckets[i];
+        fprintf(f, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", lag, i < PRISM_HINTS_LAG_EDGES ? le[i] : "+Inf",
+                cumulative);
+    }
+    fprintf(f, "%s_sum ", lag);
+    seconds(f, x->lag_sum_ns);
+    fprintf(f, "%s_count %" PRIu64 "\n", lag, x->lag_count);
+    labelled(f, "prism_agent_trainer_transfers_total", "block transfers the trainer started, by precision",
+             "precision", precisions, x->transfers, PRISM_PRECISION_COUNT, false);
+    labelled(f, "prism_agent_trainer_transfer_bytes_total",
+             "bytes of block images the trainer copied host to device, by precision", "precision", precisions,
+             x->transfer_bytes, PRISM_PRECISION_COUNT, false);
+    labelled(f, "prism_agent_trainer_transfer_bf16_bytes_total",
+             "BF16 bytes of the blocks the trainer transferred, by the precision they moved in", "precision",
+             precisions, x->transfer_bf16_bytes, PRISM_PRECISION_COUNT, false);
+    /* Wire formats of the quantized collectives: every precision but BF16. */
+    const char *const *formats = precisions + 1;
+    const size_t nf = PRISM_PRECISION_COUNT - 1;
+    labelled(f, "prism_agent_trainer_allreduce_calls_total",
+             "quantized all-reduce and reduce-scatter calls of the trainer, by wire format", "format", formats,
+             x->allreduce_calls + 1, nf, false);
+    labelled(f, "prism_agent_trainer_allreduce_wire_bytes_total",
+             "payload bytes the trainer's rank sent in quantized collectives, by wire format", "format", formats,
+             x->allreduce_wire_bytes + 1, nf, false);
+    labelled(f, "prism_agent_trainer_allreduce_bf16_bytes_total",
+             "bytes a BF16 ring all-reduce (reduce-scatter) of the same elements sends per rank, by wire format",
+             "format", formats, x->allreduce_bf16_bytes + 1, nf, false);
+    labelled(f, "prism_agent_trainer_allreduce_seconds_total",
+             "host wall time in the trainer's quantized collectives, by wire format", "format", formats,
+             x->allreduce_ns + 1, nf, true);
+}
+
 static char *render(agent *a, size_t *len)
 {
     char *text = NULL;
@@ -64,11 +145,29 @@ static char *render(agent *a, size_t *len)
         return NULL;
     agent_stats *s = &a->stats;
     const prism_device_profile *p = &a->profile;
-    metric(f, "prism_agent_info", "gauge", "the agent's version, device and upstream target (always 1)");
+    /* One copy of what the trainer published and said, taken under its lock. */
+    agent_trainer *t = &a->trainer;
+    prism_hints_trainer line;
+    char job[512] = "", rank[16] = "";
+    const char *node = "";
+    pthread_mutex_lock(&t->mu);
+    line = t->line;
+    if (t->said_hello) {
+        snprintf(job, sizeof job, "%s", t->job ? t->job : "");
+        snprintf(rank, sizeof rank, "%" PRIu32, t->rank);
+        node = a->opts.node;
+    }
+    pthread_mutex_unlock(&t->mu);
+    metric(f, "prism_agent_info", "gauge",
+           "the agent's version, device, upstream target and its trainer's job, rank and node (always 1)");
     fprintf(f, "prism_agent_info{version=\"%s\",device_class=\"", PRISM_VERSION);
     label_value(f, p->device_class);
     fputs("\",prismd=\"", f);
     label_value(f, a->opts.prismd);
+    fputs("\",job=\"", f);
+    label_value(f, job);
+    fprintf(f, "\",rank=\"%s\",node=\"", rank);
+    label_value(f, node);
     fputs("\"} 1\n", f);
     one(f, "prism_agent_upstream_connected", "gauge", "1 while a stream to prismd is welcomed",
         get(&s->upstream_connected));
@@ -99,16 +198,10 @@ static char *render(agent *a, size_t *len)
     one(f, "prism_agent_map_entries_ignored_total", "counter", "map entries past --max-blocks or of unknown precision",
         get(&s->blocks_out_of_range));
     one(f, "prism_agent_trainer_map_version", "gauge", "map version the trainer says it uses",
-        get(&s->applied_version));
-    one(f, "prism_agent_trainer_map_step", "gauge", "step the trainer started using it at", get(&s->applied_step));
-    if (get(&s->trainer_counters_known)) { /* shown once the trainer published them */
-        one(f, "prism_agent_trainer_reports_dropped_total", "counter",
-            "step reports the trainer's libprism could not send to this agent (from the hint table)",
-            get(&s->trainer_reports_dropped));
-        one(f, "prism_agent_trainer_late_switches_total", "counter",
-            "maps the trainer first used after their effective step (from the hint table)",
-            get(&s->trainer_late_switches));
-    }
+        line.applied_version);
+    one(f, "prism_agent_trainer_map_step", "gauge", "step the trainer started using it at", line.applied_step);
+    if (line.published) /* shown once the trainer published its counters */
+        render_trainer(f, &line);
     one(f, "prism_agent_last_step", "gauge", "step of the last report from the trainer", get(&s->last_step));
     one(f, "prism_agent_trainer_connections", "gauge", "trainer connections open", get(&s->trainer_connected));
     one(f, "prism_agent_trainer_connections_total", "counter", "trainer connections accepted",

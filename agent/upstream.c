@@ -86,6 +86,7 @@ struct upstream {
     uint32_t map_blocks;
     uint64_t map_version;
     uint64_t acked_version, acked_step;
+    prism_hints_trainer line;   /* the trainer line as last read (line.published 0: no counters) */
     bool counters_sent;         /* this stream's last Heartbeat carried the counters below */
     uint64_t sent_dropped, sent_late;
     int64_t last_send_ms;
@@ -457,14 +458,24 @@ static void send_message(upstream *u, const Prism__V1__AgentMessage *m)
         free(buf);
 }
 
+/* Reads the hint table's trainer line (one seqlock read) and hands it to /metrics when it
+ * changed. A read that found the trainer mid-write keeps the line read last. */
+static void refresh_trainer(upstream *u)
+{
+    prism_hints_trainer line;
+    if (!prism_hints_read_trainer(&u->a->hints, &line) || memcmp(&line, &u->line, sizeof line) == 0)
+        return;
+    u->line = line;
+    agent_trainer *t = &u->a->trainer;
+    pthread_mutex_lock(&t->mu);
+    t->line = line;
+    pthread_mutex_unlock(&t->mu);
+}
+
 static void send_ack(upstream *u)
 {
-    uint64_t version = 0, step = 0;
-    if (!prism_hints_read_applied(&u->a->hints, &version, &step) || version == 0)
-        return;
-    atomic_store_explicit(&u->a->stats.applied_version, version, memory_order_relaxed);
-    atomic_store_explicit(&u->a->stats.applied_step, step, memory_order_relaxed);
-    if (version == u->acked_version && step == u->acked_step)
+    uint64_t version = u->line.applied_version, step = u->line.applied_step;
+    if (version == 0 || (version == u->acked_version && step == u->acked_step))
         return;
     Prism__V1__Ack ack = PRISM__V1__ACK__INIT;
     ack.map_version = version;
@@ -477,34 +488,16 @@ static void send_ack(upstream *u)
     u->acked_step = step;
 }
 
-/* The trainer's counters from the hint table, kept for /metrics; false when it published none.
- * When the trainer is mid-write, the values read last. */
-static bool read_trainer_counters(upstream *u, uint64_t *dropped, uint64_t *late)
-{
-    agent_stats *st = &u->a->stats;
-    if (prism_hints_read_counters(&u->a->hints, dropped, late)) {
-        atomic_store_explicit(&st->trainer_reports_dropped, *dropped, memory_order_relaxed);
-        atomic_store_explicit(&st->trainer_late_switches, *late, memory_order_relaxed);
-        atomic_store_explicit(&st->trainer_counters_known, 1, memory_order_relaxed);
-        return true;
-    }
-    if (!atomic_load_explicit(&st->trainer_counters_known, memory_order_relaxed))
-        return false;
-    *dropped = atomic_load_explicit(&st->trainer_reports_dropped, memory_order_relaxed);
-    *late = atomic_load_explicit(&st->trainer_late_switches, memory_order_relaxed);
-    return true;
-}
-
 /* Whether the trainer's counters moved since this stream's last Heartbeat carried them: then a
  * Heartbeat goes at once rather than after --heartbeat-ms of quiet. */
 static bool trainer_counters_moved(upstream *u)
 {
-    uint64_t dropped, late;
-    return read_trainer_counters(u, &dropped, &late) &&
-           (!u->counters_sent || dropped != u->sent_dropped || late != u->sent_late);
+    return u->line.published && (!u->counters_sent || u->line.reports_dropped != u->sent_dropped ||
+                                 u->line.late_switches != u->sent_late);
 }
 
-/* A Heartbeat, with the trainer's counters when the agent knows them (DESIGN 12). */
+/* A Heartbeat, with the trainer's counters when the agent knows them (DESIGN 12): its dropped
+ * reports are the total of every reason. */
 static void send_heartbeat(upstream *u)
 {
     struct timespec ts;
@@ -512,17 +505,16 @@ static void send_heartbeat(upstream *u)
     Prism__V1__Heartbeat hb = PRISM__V1__HEARTBEAT__INIT;
     hb.unix_time_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
     hb.last_step = u->last_step;
-    uint64_t dropped, late;
-    if (read_trainer_counters(u, &dropped, &late)) {
+    if (u->line.published) {
         hb.optional_trainer_reports_dropped_case =
             PRISM__V1__HEARTBEAT__OPTIONAL_TRAINER_REPORTS_DROPPED_TRAINER_REPORTS_DROPPED;
-        hb.trainer_reports_dropped = dropped;
+        hb.trainer_reports_dropped = u->line.reports_dropped;
         hb.optional_trainer_late_switches_case =
             PRISM__V1__HEARTBEAT__OPTIONAL_TRAINER_LATE_SWITCHES_TRAINER_LATE_SWITCHES;
-        hb.trainer_late_switches = late;
+        hb.trainer_late_switches = u->line.late_switches;
         u->counters_sent = true;
-        u->sent_dropped = dropped;
-        u->sent_late = late;
+        u->sent_dropped = u->line.reports_dropped;
+        u->sent_late = u->line.late_switches;
     }
     Prism__V1__AgentMessage m = PRISM__V1__AGENT_MESSAGE__INIT;
     m.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_HEARTBEAT;
@@ -576,6 +568,16 @@ static void take_hello(upstream *u, const agent_frame *f)
     char rank[16];
     snprintf(rank, sizeof rank, "%u", h->rank);
     prism_log(PRISM_LOG_INFO, "trainer said hello", "job", h->job_id ? h->job_id : "", "rank", rank, LOG_END);
+    char *job = strdup(h->job_id ? h->job_id : "");
+    if (job) { /* for prism_agent_info */
+        agent_trainer *t = &a->trainer;
+        pthread_mutex_lock(&t->mu);
+        free(t->job);
+        t->job = job;
+        t->rank = h->rank;
+        t->said_hello = true;
+        pthread_mutex_unlock(&t->mu);
+    }
     prism__v1__agent_message__free_unpacked(m, NULL);
     if (!buf)
         return;
@@ -760,6 +762,7 @@ static void *upstream_thread(void *arg)
             continue;
         }
         drain_inbox(u);
+        refresh_trainer(u);
         if (!u->live && u->hello && now_ms() >= u->next_attempt_ms)
             start_call(u);
         stream *s = u->live;

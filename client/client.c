@@ -10,6 +10,7 @@
 #include "client_ext.h"
 #include "hints.h"
 #include "local.h"
+#include "process_totals.h"
 #include "sha256.h"
 #include "prism/v1/prism.pb-c.h"
 
@@ -77,9 +78,14 @@ struct prism_client {
     prism_hints_view view;
     bool stepped;              /* begin_step ran at least once */
     uint64_t last_step;
-    bool applied_written;      /* the version in view was written back to this table */
-    bool counters_written;     /* the counters below were published in this table */
-    uint64_t written_dropped, written_late;
+    /* The trainer line (hints.h) as this client last built it, and whether it is in this table
+     * as it stands: begin_step writes it when it changed (or the table is new). */
+    prism_hints_trainer line;
+    prism_hints_trainer written; /* what was last written (valid when line_written) */
+    bool line_written;
+    uint64_t dropped_by[PRISM_HINTS_DROP_REASONS]; /* reports_dropped by the reasons it has */
+    uint64_t opened_ns;        /* CLOCK_MONOTONIC at open: maps written before are not timed */
+    uint64_t lag_version;      /* the newest map whose apply lag was counted */
 
     prism_client_counters n;
     char last_error[sizeof ((prism_error *)0)->message];
@@ -262,10 +268,17 @@ prism_status prism_model_fingerprint(const prism_model_layout *layout, uint8_t o
 
 /* ---- the connection --------------------------------------------------------------------- */
 
+/* A report dropped for one of the reasons the agent exports (hints.h's prism_hints_drop). */
+static void drop_report(prism_client *c, prism_hints_drop why)
+{
+    c->n.reports_dropped++;
+    c->dropped_by[why]++;
+}
+
 static void count_lost_frame(prism_client *c, frame_kind kind)
 {
     if (kind == FRAME_STEP)
-        c->n.reports_dropped++;
+        drop_report(c, PRISM_HINTS_DROP_CONNECTION_LOST);
     else if (kind == FRAME_CALIBRATION)
         c->n.calibrations_dropped++;
 }
@@ -292,8 +305,7 @@ static bool open_hints(prism_client *c)
         note_failure(c, "hint table: %s", e.message);
         return false;
     }
-    c->applied_written = false;
-    c->counters_written = false;
+    c->line_written = false;
     return true;
 }
 
@@ -382,15 +394,19 @@ static int flush_pending(prism_client *c)
 }
 
 /* Whether a new frame can go out now: connected, and nothing left of an earlier one.
- * PRISM_ERR_UNAVAILABLE (the caller counts the drop) otherwise. */
-static prism_status ready_to_send(prism_client *c, prism_error *err)
+ * PRISM_ERR_UNAVAILABLE (the caller counts the drop, for the reason in *why) otherwise: no
+ * connection (the one just lost included: the frame it held is counted as lost with it), or the
+ * agent has not read the previous frame. */
+static prism_status ready_to_send(prism_client *c, prism_hints_drop *why, prism_error *err)
 {
+    *why = PRISM_HINTS_DROP_NO_AGENT;
     if (!ensure_connected(c))
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "no connection to the agent at %s (%s)",
                                c->addr.sun_path, c->last_error[0] ? c->last_error : "not tried yet");
     int r = flush_pending(c);
     if (r < 0)
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "connection to the agent lost: %s", c->last_error);
+    *why = PRISM_HINTS_DROP_AGENT_BUSY;
     if (r == 0)
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE,
                                "the agent has not read the previous frame yet (%zu of %zu bytes sent)", c->pend_off,
@@ -483,6 +499,7 @@ prism_status prism_client_open(const prism_client_options *o, prism_client **out
         return prism_error_set(err, PRISM_ERR_NOMEM, "client paths");
     }
     snprintf(c->hints_path, hints_len, "%s/%s", dir, hints_name);
+    c->opened_ns = prism_totals_now_ns();
     if (!open_hints(c))
         c->next_hints_ms = now_ms() + c->interval_ms;
     *out = c;
@@ -586,17 +603,49 @@ static void free_arrays(prism_client *c)
     free(c->hello), c->hello = NULL;
 }
 
-/* Publishes the counters the agent exports (DESIGN 12) in the table when they changed since
- * they were last written there. */
-static void publish_counters(prism_client *c)
+/* Makes the trainer line (hints.h) from the client's counters and the process totals of the
+ * transfers and collectives, and writes it into the table when it changed since it was last
+ * written there. On the training path: copies and relaxed loads, no system call. */
+static void publish_line(prism_client *c)
 {
-    if (!c->hints.h || (c->counters_written && c->written_dropped == c->n.reports_dropped &&
-                        c->written_late == c->n.late_switches))
+    if (!c->hints.h)
         return;
-    prism_hints_write_counters(&c->hints, c->n.reports_dropped, c->n.late_switches);
-    c->counters_written = true;
-    c->written_dropped = c->n.reports_dropped;
-    c->written_late = c->n.late_switches;
+    prism_hints_trainer *l = &c->line;
+    l->published = 2;
+    l->reports_dropped = c->n.reports_dropped;
+    l->late_switches = c->n.late_switches;
+    l->ext.reports_sent = c->n.reports_sent;
+    memcpy(l->ext.dropped, c->dropped_by, sizeof l->ext.dropped);
+    prism_process_totals t;
+    prism_totals_read(&t);
+    memcpy(l->ext.transfers, t.transfers, sizeof t.transfers);
+    memcpy(l->ext.transfer_bytes, t.transfer_bytes, sizeof t.transfer_bytes);
+    memcpy(l->ext.transfer_bf16_bytes, t.transfer_bf16_bytes, sizeof t.transfer_bf16_bytes);
+    memcpy(l->ext.allreduce_calls, t.collective_calls, sizeof t.collective_calls);
+    memcpy(l->ext.allreduce_wire_bytes, t.collective_wire_bytes, sizeof t.collective_wire_bytes);
+    memcpy(l->ext.allreduce_bf16_bytes, t.collective_bf16_bytes, sizeof t.collective_bf16_bytes);
+    memcpy(l->ext.allreduce_ns, t.collective_ns, sizeof t.collective_ns);
+    if (c->line_written && memcmp(&c->written, l, sizeof *l) == 0)
+        return;
+    prism_hints_write_trainer(&c->hints, l);
+    c->written = *l;
+    c->line_written = true;
+}
+
+/* The apply lag of a map this client uses for the first time: from the agent writing it to now
+ * (one clock_gettime(CLOCK_MONOTONIC), a vDSO call: no system call). Maps without a write time
+ * (an older agent) and maps written before the client opened (a restarted trainer finding the
+ * map already there: no arrival to time) are not counted. */
+static void count_apply_lag(prism_client *c, const prism_hints_view *v)
+{
+    if (v->map_version <= c->lag_version || v->written_ns == 0 || v->written_ns < c->opened_ns)
+        return;
+    c->lag_version = v->map_version;
+    uint64_t now = prism_totals_now_ns();
+    uint64_t lag = now > v->written_ns ? now - v->written_ns : 0;
+    c->line.ext.lag_buckets[prism_hints_lag_bucket(lag)]++;
+    c->line.ext.lag_count++;
+    c->line.ext.lag_sum_ns += lag;
 }
 
 /* Reads the table into prec_next and, on success, makes it the map in use. prev: the step of
@@ -617,9 +666,12 @@ static uint64_t read_map(prism_client *c, uint64_t step, const uint64_t *prev)
     if (v.map_version > c->view.map_version && prev && *prev >= v.effective_step)
         c->n.late_switches++;
     c->view = v;
-    if (changed || !c->applied_written) {
-        prism_hints_write_applied(&c->hints, v.map_version, step);
-        c->applied_written = true;
+    if (changed) {
+        c->line.applied_version = v.map_version;
+        c->line.applied_step = step;
+        count_apply_lag(c, &v);
+    } else if (!c->line_written) {
+        c->line.applied_step = step; /* a new table: the version in use from here on */
     }
     return v.map_version;
 }
@@ -669,8 +721,10 @@ prism_status prism_client_register(prism_client *c, const prism_model_layout *la
     }
     c->n_blocks = n;
     c->registered = true;
-    if (c->stepped && c->hints.h)
+    if (c->stepped && c->hints.h) {
         read_map(c, c->last_step, NULL); /* the copy so far had no room for the blocks */
+        publish_line(c);
+    }
     if (ensure_connected(c))
         flush_pending(c);
     return PRISM_OK;
@@ -749,7 +803,7 @@ prism_status prism_client_check_report(prism_client *c, const uint32_t *block_id
 
 void prism_client_note_dropped(prism_client *c, const char *why)
 {
-    c->n.reports_dropped++;
+    c->n.reports_dropped++; /* none of the agent's reasons: the total's rest */
     note_failure(c, "%s", why);
 }
 
@@ -796,9 +850,10 @@ prism_status prism_client_report_step(prism_client *c, uint64_t step, const doub
     s = check_block_ids(c, block_ids, n, "n", err);
     if (s != PRISM_OK)
         return s;
-    s = ready_to_send(c, err);
+    prism_hints_drop why;
+    s = ready_to_send(c, &why, err);
     if (s != PRISM_OK) {
-        c->n.reports_dropped++;
+        drop_report(c, why);
         prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
         return s;
     }
@@ -821,9 +876,10 @@ prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const 
     if (s != PRISM_OK)
         return s;
     /* Not worth the kernels' time when the report would be dropped. */
-    s = ready_to_send(c, err);
+    prism_hints_drop why;
+    s = ready_to_send(c, &why, err);
     if (s != PRISM_OK) {
-        c->n.reports_dropped++;
+        drop_report(c, why);
         prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
         return s;
     }
@@ -858,7 +914,8 @@ prism_status prism_client_report_calibration(prism_client *c, prism_precision fo
     for (size_t i = 0; i < n; i++)
         if (isnan(errors[i]) || errors[i] < 0)
             return refuse(c, err, PRISM_ERR_INVALID, "errors[%zu]: %g is not a relative error (>= 0)", i, errors[i]);
-    s = ready_to_send(c, err);
+    prism_hints_drop why;
+    s = ready_to_send(c, &why, err);
     if (s != PRISM_OK) {
         c->n.calibrations_dropped++;
         prism_error_prefix(err, "calibration dropped");
@@ -908,7 +965,7 @@ uint64_t prism_client_begin_step(prism_client *c, uint64_t step)
         }
     }
     uint64_t version = read_map(c, step, had_step ? &prev : NULL);
-    publish_counters(c);
+    publish_line(c);
     return version;
 }
 

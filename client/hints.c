@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -28,6 +29,15 @@ static size_t table_bytes(uint32_t max_blocks)
 static uint8_t *slot_bytes(const prism_hints *t, unsigned slot)
 {
     return t->precisions + (size_t)slot * t->h->max_blocks;
+}
+
+/* CLOCK_MONOTONIC in nanoseconds: on Linux a vDSO call, no system call. Agent and trainer share
+ * a kernel (one pod), so their monotonic clocks are the same clock. */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- seqlocks ----------------------------------------------------------------------------- */
@@ -69,6 +79,7 @@ static prism_status map_fd(prism_hints *t, int fd, size_t bytes, const char *pat
     t->precisions = (uint8_t *)p + PRISM_HINTS_HEADER_BYTES;
     t->bytes = bytes;
     t->fd = fd;
+    t->pid = (uint64_t)getpid();
     return PRISM_OK;
 }
 
@@ -232,46 +243,60 @@ void prism_hints_close(prism_hints *t)
 
 /* ---- the agent's side --------------------------------------------------------------------- */
 
-bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint64_t *applied_step)
+const uint64_t prism_hints_lag_edges_ns[PRISM_HINTS_LAG_EDGES] = {
+    1000000ull, 10000000ull, 100000000ull, 500000000ull, 1000000000ull, 2000000000ull,
+    5000000000ull, 10000000000ull, 30000000000ull, 60000000000ull, 300000000000ull,
+};
+
+unsigned prism_hints_lag_bucket(uint64_t ns)
 {
-    if (!t || !t->h)
+    unsigned i = 0;
+    while (i < PRISM_HINTS_LAG_EDGES && ns > prism_hints_lag_edges_ns[i])
+        i++;
+    return i;
+}
+
+bool prism_hints_read_trainer(const prism_hints *t, prism_hints_trainer *out)
+{
+    if (!t || !t->h || !out)
         return false;
     const prism_hints_header *h = t->h;
     for (unsigned i = 0; i < 64; i++) {
         uint64_t start = read_begin(&h->applied_seq);
         if (start == UINT64_MAX)
             continue;
-        uint64_t v = h->applied_version, s = h->applied_step;
-        if (read_end(&h->applied_seq, start)) {
-            if (map_version)
-                *map_version = v;
-            if (applied_step)
-                *applied_step = s;
-            return true;
+        prism_hints_trainer line;
+        line.applied_version = h->applied_version;
+        line.applied_step = h->applied_step;
+        line.published = h->counters_published;
+        line.reports_dropped = h->reports_dropped;
+        line.late_switches = h->late_switches;
+        line.ext = h->ext;
+        if (!read_end(&h->applied_seq, start))
+            continue;
+        if (line.published == 0) {
+            line.reports_dropped = line.late_switches = 0;
+            memset(&line.ext, 0, sizeof line.ext);
+        } else if (line.published != 2) {
+            line.published = 1; /* an older trainer: the extension is not its */
+            memset(&line.ext, 0, sizeof line.ext);
         }
+        *out = line;
+        return true;
     }
     return false;
 }
 
-bool prism_hints_read_counters(const prism_hints *t, uint64_t *reports_dropped, uint64_t *late_switches)
+bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint64_t *applied_step)
 {
-    if (!t || !t->h)
+    prism_hints_trainer line;
+    if (!prism_hints_read_trainer(t, &line))
         return false;
-    const prism_hints_header *h = t->h;
-    for (unsigned i = 0; i < 64; i++) {
-        uint64_t start = read_begin(&h->applied_seq);
-        if (start == UINT64_MAX)
-            continue;
-        uint64_t published = h->counters_published, dropped = h->reports_dropped, late = h->late_switches;
-        if (read_end(&h->applied_seq, start)) {
-            if (!published)
-                return false;
-            *reports_dropped = dropped;
-            *late_switches = late;
-            return true;
-        }
-    }
-    return false;
+    if (map_version)
+        *map_version = line.applied_version;
+    if (applied_step)
+        *applied_step = line.applied_step;
+    return true;
 }
 
 /* The slot rule of hints.h: an empty slot, else the lowest version that is neither applied nor
@@ -347,6 +372,7 @@ prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint6
     sl->decided_step = decided_step;
     sl->effective_step = effective_step;
     sl->n_blocks = n_blocks;
+    h->slot_written_ns[slot] = now_ns();
     atomic_signal_fence(memory_order_seq_cst);
     sl->map_version = map_version;
     write_end(&h->seq);
@@ -407,6 +433,7 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
             v.decided_step = sl->decided_step;
             v.effective_step = sl->effective_step;
             v.n_blocks = sl->n_blocks;
+            v.written_ns = h->slot_written_ns[use];
             /* A torn read may give any count: never copy past the slot or the caller's array. */
             copied = v.n_blocks < cap ? v.n_blocks : cap;
             if (copied > h->max_blocks)
@@ -438,18 +465,22 @@ void prism_hints_write_applied(prism_hints *t, uint64_t map_version, uint64_t st
     write_begin(&h->applied_seq);
     h->applied_version = map_version;
     h->applied_step = step;
-    h->trainer_pid = (uint64_t)getpid();
+    h->trainer_pid = t->pid;
     write_end(&h->applied_seq);
 }
 
-void prism_hints_write_counters(prism_hints *t, uint64_t reports_dropped, uint64_t late_switches)
+void prism_hints_write_trainer(prism_hints *t, const prism_hints_trainer *line)
 {
-    if (!t || !t->h)
+    if (!t || !t->h || !line)
         return;
     prism_hints_header *h = t->h;
     write_begin(&h->applied_seq);
-    h->counters_published = 1;
-    h->reports_dropped = reports_dropped;
-    h->late_switches = late_switches;
+    h->applied_version = line->applied_version;
+    h->applied_step = line->applied_step;
+    h->trainer_pid = t->pid;
+    h->counters_published = 2;
+    h->reports_dropped = line->reports_dropped;
+    h->late_switches = line->late_switches;
+    h->ext = line->ext;
     write_end(&h->applied_seq);
 }

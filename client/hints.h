@@ -23,10 +23,20 @@
  *
  * The trainer writes back, in its own cache line and under its own small seqlock (`applied_seq`),
  * the map version it applied and the step it applied it at; the agent reads them to send Ack.
- * Under the same seqlock it publishes its counters (reports dropped, late switches), which the
- * agent exports on /metrics and sends to prismd in its Heartbeat. These fields came after
- * layout version 1's first files, in bytes that were zero: an older trainer leaves them zero,
- * which reads as "not published".
+ * Under the same seqlock it publishes its counters (the trainer line, prism_hints_trainer), which
+ * the agent exports on /metrics and sends (in part) to prismd in its Heartbeat. These fields came
+ * after layout version 1's first files, in bytes that were zero, in two steps that
+ * `counters_published` tells apart: 0 nothing published (an older trainer leaves the bytes zero),
+ * 1 only the dropped total and late switches, 2 the extended line (prism_hints_trainer_ext:
+ * reports sent, drops by reason, the map apply lag, block transfers and collectives by
+ * precision). A trainer of this build writes the first fields too, so an older agent still reads
+ * them; an older trainer's line reads as published 1 here, and a zeroed extension as zeros.
+ *
+ * Each slot also has the CLOCK_MONOTONIC time the agent wrote its map (slot_written_ns, agent
+ * written under `seq`, 0: written by an older agent, unknown). Agent and trainer share a kernel
+ * (one pod), so the trainer subtracts it from its own clock at the first begin_step that uses the
+ * map: the map apply lag. Every new field is in bytes an older file has as zeros, and no existing
+ * field moved (the offsets are pinned below), so older agents and trainers interoperate.
  *
  * One trainer per agent (the sidecar model). The file outlives the agent: a restarted agent finds
  * it, keeps the maps in it (fail-static), makes an odd `seq` even, and bumps `generation`. A file
@@ -40,6 +50,7 @@
 #include "prism/common.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define PRISM_HINTS_MAGIC 0x31544e4853495250ull /* "PRISHNT1" */
@@ -68,6 +79,42 @@ typedef struct prism_runtime_hints {
     double vram_pressure_threshold;
 } prism_runtime_hints;
 
+/* Why the trainer's libprism dropped a report (prism_hints_trainer_ext.dropped). */
+typedef enum prism_hints_drop {
+    PRISM_HINTS_DROP_NO_AGENT = 0,        /* no connection to the agent */
+    PRISM_HINTS_DROP_AGENT_BUSY = 1,      /* the socket was full: the agent is not reading */
+    PRISM_HINTS_DROP_CONNECTION_LOST = 2, /* in flight (half-written) when the connection ended */
+    PRISM_HINTS_DROP_REASONS = 3
+} prism_hints_drop;
+
+/* The map apply lag histogram: bucket i counts lags in (edge[i-1], edge[i]] (edge[-1] = -inf),
+ * the last one those above the last edge. Edges in nanoseconds (prism_hints_lag_edges_ns):
+ * 0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60 and 300 seconds. */
+#define PRISM_HINTS_LAG_EDGES 11
+#define PRISM_HINTS_LAG_BUCKETS (PRISM_HINTS_LAG_EDGES + 1)
+extern const uint64_t prism_hints_lag_edges_ns[PRISM_HINTS_LAG_EDGES];
+
+/* The bucket of a lag of `ns` nanoseconds. */
+unsigned prism_hints_lag_bucket(uint64_t ns);
+
+/* The extended trainer line (counters_published 2), totals since the trainer's client opened
+ * (reports, lag) or since libprism was loaded in the process (transfers, collectives). Arrays
+ * by prism_precision are indexed by its value. */
+typedef struct prism_hints_trainer_ext {
+    uint64_t reports_sent;                               /* StepReports written whole */
+    uint64_t dropped[PRISM_HINTS_DROP_REASONS];          /* drops by reason (others: the total's rest) */
+    uint64_t lag_buckets[PRISM_HINTS_LAG_BUCKETS];       /* not cumulative: see above */
+    uint64_t lag_count;
+    uint64_t lag_sum_ns;
+    uint64_t transfers[PRISM_PRECISION_COUNT];           /* block transfers started */
+    uint64_t transfer_bytes[PRISM_PRECISION_COUNT];      /* their image bytes (host to device) */
+    uint64_t transfer_bf16_bytes[PRISM_PRECISION_COUNT]; /* the same blocks' BF16 bytes */
+    uint64_t allreduce_calls[PRISM_PRECISION_COUNT];     /* all-reduce and reduce-scatter calls, by wire */
+    uint64_t allreduce_wire_bytes[PRISM_PRECISION_COUNT];/* payload bytes this rank sent */
+    uint64_t allreduce_bf16_bytes[PRISM_PRECISION_COUNT];/* what a BF16 ring would have sent */
+    uint64_t allreduce_ns[PRISM_PRECISION_COUNT];        /* host wall time in the calls */
+} prism_hints_trainer_ext;
+
 typedef struct prism_hints_header {
     uint64_t magic;
     uint32_t layout_version;
@@ -92,13 +139,26 @@ typedef struct prism_hints_header {
     uint64_t trainer_pid;
     /* The trainer-side counters of DESIGN 12 (prism_client_counters), totals since its client
      * opened, also under applied_seq. counters_published is 0 until a trainer writes them (a
-     * trainer of an older libprism never does: the agent then does not know them). */
+     * trainer of an older libprism never does: the agent then does not know them), 1 for these
+     * two alone, 2 when ext is written too. */
     uint64_t counters_published;
-    uint64_t reports_dropped;
+    uint64_t reports_dropped;     /* every drop, whatever its reason */
     uint64_t late_switches;
+    prism_hints_trainer_ext ext;  /* counters_published 2 */
+    /* Agent-written under seq: when each slot's map was written (CLOCK_MONOTONIC ns; 0 unknown). */
+    _Alignas(64) uint64_t slot_written_ns[PRISM_HINTS_SLOTS];
 } prism_hints_header;
 
 _Static_assert(sizeof(prism_hints_header) <= PRISM_HINTS_HEADER_BYTES, "hint table header too big");
+/* Files written by earlier builds have these fields here: they never move. */
+_Static_assert(offsetof(prism_hints_header, seq) == 64 && offsetof(prism_hints_header, slots) == 144 &&
+                   offsetof(prism_hints_header, applied_seq) == 320 &&
+                   offsetof(prism_hints_header, applied_version) == 328 &&
+                   offsetof(prism_hints_header, trainer_pid) == 344 &&
+                   offsetof(prism_hints_header, counters_published) == 352 &&
+                   offsetof(prism_hints_header, reports_dropped) == 360 &&
+                   offsetof(prism_hints_header, late_switches) == 368 && offsetof(prism_hints_header, ext) == 376,
+               "the hint table's existing fields keep their offsets");
 /* Two processes share the seqlocks: they must be plain lock-free words, not a library lock. */
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "hint table seqlocks need lock-free 64-bit atomics");
 
@@ -108,6 +168,7 @@ typedef struct prism_hints {
     uint8_t *precisions; /* PRISM_HINTS_SLOTS * max_blocks bytes after the header */
     size_t bytes;
     int fd;              /* open while mapped (h != NULL) */
+    uint64_t pid;        /* this process's, taken at open: the writes make no system call */
 } prism_hints;
 
 /* ---- the agent's side ---- */
@@ -131,16 +192,30 @@ void prism_hints_set_status(prism_hints *t, bool upstream_connected, bool calibr
                             bool run_calibration, uint32_t calibration_samples, prism_precision low_precision);
 void prism_hints_set_runtime(prism_hints *t, const prism_runtime_hints *hints);
 
-/* The trainer's last write-back; false when none consistent could be read. */
-bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint64_t *applied_step);
+/* The whole trainer line as one consistent copy. published says what is in it: 0 nothing but
+ * the applied version and step (ext and the counters zero), 1 also reports_dropped and
+ * late_switches (ext zero), 2 everything. */
+typedef struct prism_hints_trainer {
+    uint64_t applied_version;
+    uint64_t applied_step;
+    uint64_t published;       /* counters_published */
+    uint64_t reports_dropped; /* every drop */
+    uint64_t late_switches;
+    prism_hints_trainer_ext ext;
+} prism_hints_trainer;
 
-/* The trainer's published counters; false when it published none or no consistent copy could
- * be read. */
-bool prism_hints_read_counters(const prism_hints *t, uint64_t *reports_dropped, uint64_t *late_switches);
+/* Reads the trainer line under applied_seq (at most 64 tries, never waits); false, *out
+ * untouched, when no consistent copy could be had. A line published as 2 by a trainer keeps
+ * published 2 here; any other nonzero value reads as 1 with a zeroed ext. */
+bool prism_hints_read_trainer(const prism_hints *t, prism_hints_trainer *out);
+
+/* The trainer's last write-back (prism_hints_read_trainer's first two fields); false when none
+ * consistent could be read. */
+bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint64_t *applied_step);
 
 /* ---- the trainer's side ---- */
 
-/* Maps an existing table read-write (only the applied_* fields are written). A missing file is
+/* Maps an existing table read-write (only the trainer line is written). A missing file is
  * PRISM_ERR_NOT_FOUND; a file of another kind or version PRISM_ERR_INVALID naming the field. */
 prism_status prism_hints_open(prism_hints *t, const char *path, prism_error *err);
 
@@ -156,6 +231,7 @@ typedef struct prism_hints_view {
     uint32_t calibration_samples;
     prism_precision low_precision;
     prism_runtime_hints hints;
+    uint64_t written_ns;  /* when the agent wrote the map (CLOCK_MONOTONIC); 0: unknown or no map */
 } prism_hints_view;
 
 /* The map in effect at step `step`: fills *view and writes out[0 .. cap): the map's precisions
@@ -169,8 +245,9 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
 /* Records that the trainer uses map_version from step on. */
 void prism_hints_write_applied(prism_hints *t, uint64_t map_version, uint64_t step);
 
-/* Publishes the trainer's counters (totals) for the agent. */
-void prism_hints_write_counters(prism_hints *t, uint64_t reports_dropped, uint64_t late_switches);
+/* Publishes the whole trainer line (line->published is ignored: written as 2), under
+ * applied_seq. No system call: a plain copy between two stores of the seqlock. */
+void prism_hints_write_trainer(prism_hints *t, const prism_hints_trainer *line);
 
 /* True when path no longer names the file t has mapped (the agent replaced it, or it is gone):
  * the caller should close and reopen. One stat(2); for the trainer's reconnect path, not for

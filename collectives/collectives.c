@@ -5,6 +5,7 @@
  * slice, the order of the FP32 sums, the saturation and AVG, the requantization, and the way rows
  * come back into the tensors. The host memory space (the CPU kernels) is at the end. */
 #include "collectives_internal.h"
+#include "process_totals.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -399,6 +400,22 @@ static prism_status exchange_and_reduce(prism_coll_comm *c, unsigned kind, const
     return PRISM_OK;
 }
 
+/* Adds a call that succeeded to the process totals the trainer publishes for its agent
+ * (DESIGN 12): the payload bytes it sent (prism_coll_stats.bytes_sent), and what a ring
+ * all-reduce of the same elements in BF16 sends per rank, 2 bytes x elements x 2 (P-1) / P
+ * (a reduce-scatter: half), rounded down. */
+static void count_call(const prism_coll_comm *c, unsigned kind, prism_precision wire, const prism_coll_layout *lay,
+                       const prism_coll_tensor *tensors, size_t count, uint64_t ns)
+{
+    uint64_t elements = 0;
+    for (size_t i = 0; i < count; i++)
+        elements += tensors[i].numel;
+    uint64_t p = (uint64_t)c->size;
+    uint64_t bf16 = (kind == PRISM_COLL_KIND_ALLREDUCE ? 4 : 2) * elements * (p - 1) / p;
+    uint64_t sent = kind == PRISM_COLL_KIND_ALLREDUCE ? lay->wire_bytes : lay->wire_bytes / 2;
+    prism_totals_add_collective(wire, sent, bf16, ns);
+}
+
 /* The whole call on this rank. Whatever happens before the headers, this rank still sends its
  * header (with `refused` set), so the others learn of it instead of waiting for data. */
 static prism_status coll_run(prism_coll_comm *c, unsigned kind, const prism_coll_spec *spec,
@@ -409,6 +426,7 @@ static prism_status coll_run(prism_coll_comm *c, unsigned kind, const prism_coll
         memset(stats, 0, sizeof *stats);
     if (!c)
         return prism_error_set(err, PRISM_ERR_INVALID, "comm: NULL");
+    uint64_t started_ns = prism_totals_now_ns();
     const prism_coll_backend *be = c->be;
     prism_status st = be->begin ? be->begin(c, err) : PRISM_OK;
     if (st != PRISM_OK)
@@ -468,6 +486,8 @@ static prism_status coll_run(prism_coll_comm *c, unsigned kind, const prism_coll
     }
     if (be->end)
         be->end(c);
+    if (st == PRISM_OK)
+        count_call(c, kind, spec->wire, &lay, tensors, count, prism_totals_now_ns() - started_ns);
     return st;
 }
 

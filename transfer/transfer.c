@@ -5,6 +5,7 @@
 #ifdef PRISM_TRANSFER_HAVE_CUDA
 #include "transfer_cuda.h"
 #endif
+#include "process_totals.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -508,6 +509,7 @@ static prism_status start(prism_transfer *t, uint32_t block_id, prism_precision 
     t->counters.fetches[precision]++;
     t->counters.wire_bytes[precision] += wire;
     t->counters.bf16_bytes[precision] += b->numel * 2;
+    prism_totals_add_transfer(precision, wire, (uint64_t)b->numel * 2); /* for the agent (DESIGN 12) */
     if (why)
         t->counters.prefetches++;
     if (ticket)

@@ -152,7 +152,9 @@ prism_status prism_client_report_calibration(prism_client *c, prism_precision fo
 
 /* Reads the hint table once and makes the map in effect at `step` the client's: the highest map
  * version whose effective_step <= step. Writes the version back to the table for the agent's Ack
- * when it changed. Returns the map version in use (0: no map yet, every block bf16). Without a
+ * when it changed, with the counters the agent exports (client/README.md: reports by outcome,
+ * late switches, the map apply lag, this process's block transfers and collectives), all
+ * without a system call. Returns the map version in use (0: no map yet, every block bf16). Without a
  * hint table (not created yet; retried at most once per reconnect interval) or without a
  * consistent read (the agent mid-write, counted) the previous copy stays. NULL: 0. */
 uint64_t prism_client_begin_step(prism_client *c, uint64_t step);

@@ -232,9 +232,10 @@ class AgentTest(unittest.TestCase):
 
         status, text = http_get(a.metrics, "/metrics", openapi=False)
         self.assertEqual(status, 200)
-        for name in re.findall(r"^# TYPE (\S+) ", text, re.M):
+        for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
             self.assertTrue(name.startswith("prism_agent_"), name)
-            self.assertRegex(text, r"(?m)^%s(\{[^}]*\})? [0-9.e+-]+$" % re.escape(name))
+            suffix = "(_bucket|_sum|_count)" if kind == "histogram" else ""
+            self.assertRegex(text, r"(?m)^%s%s(\{[^}]*\})? [0-9.e+-]+$" % (re.escape(name), suffix))
         self.assertEqual(http_get(a.metrics, "/healthz", openapi=False)[0], 200)
         self.assertEqual(http_get(a.metrics, "/nope", openapi=False)[0], 404)
 

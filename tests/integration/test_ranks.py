@@ -295,7 +295,8 @@ class AgentCountersTest(unittest.TestCase):
         self.assertEqual((r["connected"], r["node"], r["last_step"], r["applied_step"], r["lagging"],
                           r["acked_current_map"]), (True, "trainer-node", 4, 11, False, True))
         self.assertEqual(r["device"]["device_class"], "cpu-test")
-        self.assertEqual(self.metric("prism_agent_trainer_reports_dropped_total"), dropped)
+        # Every drop here found no agent to send to (the agent's families carry reasons).
+        self.assertEqual(self.metric('prism_agent_trainer_reports_dropped_total{reason="no_agent"}'), dropped)
         self.assertEqual(self.metric("prism_agent_trainer_late_switches_total"), 1)
         c.close()
 
