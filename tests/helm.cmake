@@ -10,7 +10,9 @@ find_program(PRISM_KUBECTL kubectl)
 set(PRISM_HELM_RENDER ${CMAKE_BINARY_DIR}/tests/deploy/helm_render)
 
 if(PRISM_GO AND EXISTS ${PRISM_GOPATH}/src/github.com/Masterminds/sprig AND EXISTS ${PRISM_GOPATH}/src/gopkg.in/yaml.v3)
+  # The renderer's sources (its _test.go files are not part of the binary).
   file(GLOB prism_helm_render_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/deploy/helm_render/*.go)
+  list(FILTER prism_helm_render_sources EXCLUDE REGEX "_test\\.go$")
   add_custom_command(
     OUTPUT ${PRISM_HELM_RENDER}
     COMMAND ${CMAKE_COMMAND} -E env GO111MODULE=off GOPATH=${PRISM_GOPATH} GOFLAGS=
@@ -26,6 +28,13 @@ else()
     "${PRISM_GOPATH}: run scripts/install-deps.sh)")
   return()
 endif()
+
+# The renderer's own unit tests (values merge, --set, the schema subset, output order, toYaml).
+add_test(NAME test_helm_render_unit
+  COMMAND ${CMAKE_COMMAND} -E env GO111MODULE=off GOPATH=${PRISM_GOPATH} GOFLAGS=
+    GOCACHE=${CMAKE_BINARY_DIR}/tests/deploy/gocache ${PRISM_GO} test ./tests/deploy/helm_render
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_helm_render_unit PROPERTIES TIMEOUT 300)
 
 set(prism_helm_env
   "PRISM_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
