@@ -15,7 +15,13 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # The dashboard's browser tests (web/): Debian's Chromium, driven by playwright-core from npm.
   chromium
+  # The Helm chart's renderer for the tests (tests/deploy/helm_render): Go's text/template with
+  # Sprig, built in GOPATH mode against Debian's Go packages.
+  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
 )
+# kubectl renders the kustomize base deploy/k8s in the tests: Debian's (1.20) when there is none;
+# a newer kubectl from elsewhere is kept as it is.
+command -v kubectl >/dev/null 2>&1 || PACKAGES+=(kubernetes-client)
 # Node.js and npm build the dashboard (web/) and run the OpenAPI validator and the browser tests.
 # Debian's when there is none; a Node.js from elsewhere (NodeSource ships npm inside its nodejs
 # package) is kept as it is.

@@ -1,0 +1,201 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "prism.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The objects' base name: fullnameOverride, or the release name prefixed with the chart's
+name unless it already contains it. 52 characters at most, so that "-headless" and a
+StatefulSet pod's "-N" suffix keep a name under 63. */}}
+{{- define "prism.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "prism.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels that select prismd's pods (never change them on upgrade). */}}
+{{- define "prism.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "prism.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: prismd
+{{- end -}}
+
+{{/* The labels every object of the chart carries. */}}
+{{- define "prism.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "prism.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: prism
+{{- end -}}
+
+{{- define "prism.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The Secret holding the admin token, and its key. */}}
+{{- define "prism.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "prism.fullname" .)) .Values.auth.admin.existingSecret -}}
+{{- end -}}
+{{- define "prism.adminSecretKey" -}}
+{{- if .Values.auth.admin.existingSecret -}}{{ .Values.auth.admin.existingSecretKey }}{{- else -}}admin-token{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the provisioned job tokens (one key per job id), "" when there is none. */}}
+{{- define "prism.jobTokensSecretName" -}}
+{{- if .Values.auth.jobTokens.existingSecret -}}
+{{- .Values.auth.jobTokens.existingSecret -}}
+{{- else if .Values.auth.jobTokens.tokens -}}
+{{- printf "%s-job-tokens" (include "prism.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The container securityContext of every container of the chart: no privilege, no
+capabilities, a read-only root filesystem. */}}
+{{- define "prism.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop:
+    - ALL
+{{- end -}}
+
+{{/* The pod securityContext: the image's user prism (uid and gid 10001). */}}
+{{- define "prism.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The gRPC target of the prismd replica that serves a job: replica number
+adler32(job id) mod replicas, by its stable DNS name under the headless Service. Changing
+prismd.replicas moves jobs between replicas (a job starts afresh on its new replica).
+Argument: (dict "root" $ "job" JOB_ID). */}}
+{{- define "prism.prismdTarget" -}}
+{{- $root := .root -}}
+{{- $replica := mod (adler32sum .job) (int $root.Values.prismd.replicas) -}}
+{{- printf "dns:///%s-%d.%s-headless.%s.svc:%d" (include "prism.fullname" $root) $replica (include "prism.fullname" $root) $root.Release.Namespace (int $root.Values.service.grpcPort) -}}
+{{- end -}}
+
+{{/* The prism-agent sidecar for a trainer's pod, as one item of the pod's initContainers
+(a native sidecar: restartPolicy Always, so it starts before the trainer, which its
+startupProbe holds back until the agent's socket and hint table are open, and does not keep a
+Job's pod from completing). Arguments (a dict):
+  root     the chart's context ($)
+  job      the job id, which picks the prismd replica
+  tokenSecret, tokenKey  optional: a Secret key holding the job's token (--token-file)
+  prismd   optional: a gRPC target overriding the replica chosen from the job id
+The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) at
+.Values.agent.runDir and gets PRISM_AGENT_DIR (prism.trainerEnv). */}}
+{{- define "prism.agentSidecar" -}}
+{{- $root := required "prism.agentSidecar: root is required" .root -}}
+{{- $job := required "prism.agentSidecar: job is required" .job -}}
+{{- $v := $root.Values.agent -}}
+- name: prism-agent
+  image: {{ include "prism.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  restartPolicy: Always
+  command:
+    - prism-agent
+  args:
+    - --prismd={{ default (include "prism.prismdTarget" (dict "root" $root "job" $job)) .prismd }}
+    - --dir={{ $v.runDir }}
+    - --metrics-listen=0.0.0.0:{{ $v.metricsPort }}
+    - --node=$(NODE_NAME)
+    - --device=auto
+    {{- if .tokenSecret }}
+    - --token-file=/etc/prism/job-token/{{ required "prism.agentSidecar: tokenKey is required with tokenSecret" .tokenKey }}
+    {{- end }}
+    {{- range $v.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    - name: NODE_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: spec.nodeName
+  ports:
+    - name: agent-metrics
+      containerPort: {{ $v.metricsPort }}
+      protocol: TCP
+  startupProbe:
+    httpGet:
+      path: /readyz
+      port: agent-metrics
+    periodSeconds: 1
+    failureThreshold: 60
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: agent-metrics
+    periodSeconds: 10
+    timeoutSeconds: 2
+    failureThreshold: 3
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: agent-metrics
+    periodSeconds: 5
+    timeoutSeconds: 2
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  securityContext:
+    {{- include "prism.containerSecurityContext" $root | nindent 4 }}
+  volumeMounts:
+    - name: prism-run
+      mountPath: {{ $v.runDir }}
+    {{- if .tokenSecret }}
+    - name: prism-job-token
+      mountPath: /etc/prism/job-token
+      readOnly: true
+    {{- end }}
+{{- end -}}
+
+{{/* The volumes the sidecar needs, as items of the pod's volumes: the emptyDir it shares with
+the trainer (memory-backed: a Unix socket and the shared-memory hint table) and, with
+tokenSecret, the job's token. Arguments: as prism.agentSidecar. */}}
+{{- define "prism.agentSidecarVolumes" -}}
+{{- $root := required "prism.agentSidecarVolumes: root is required" .root -}}
+- name: prism-run
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ $root.Values.agent.runDirSizeLimit }}
+{{- if .tokenSecret }}
+- name: prism-job-token
+  secret:
+    secretName: {{ .tokenSecret }}
+    items:
+      - key: {{ .tokenKey }}
+        path: {{ .tokenKey }}
+{{- end }}
+{{- end -}}
+
+{{/* What the trainer container adds to find its agent: the env var and the volume mount.
+Argument: the chart's context ($). Use: env: (include "prism.trainerEnv" $) and
+volumeMounts: (include "prism.trainerVolumeMounts" $). */}}
+{{/* The label a trainer's pod carries so that the chart's PodMonitor scrapes its agent.
+Argument: the chart's context ($). */}}
+{{- define "prism.agentPodLabels" -}}
+prism-agent: sidecar
+{{- end -}}
+
+{{- define "prism.trainerEnv" -}}
+- name: PRISM_AGENT_DIR
+  value: {{ .Values.agent.runDir }}
+{{- end -}}
+{{- define "prism.trainerVolumeMounts" -}}
+- name: prism-run
+  mountPath: {{ .Values.agent.runDir }}
+{{- end -}}
