@@ -18,6 +18,8 @@ PACKAGES=(
   # The Helm chart's renderer for the tests (tests/deploy/helm_render): Go's text/template with
   # Sprig, built in GOPATH mode against Debian's Go packages.
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
+  # The deploy tests (tests/deploy/, the real-Prometheus test) read YAML manifests and rules.
+  python3-yaml
 )
 # kubectl renders the kustomize base deploy/k8s in the tests: Debian's (1.20) when there is none;
 # a newer kubectl from elsewhere is kept as it is.

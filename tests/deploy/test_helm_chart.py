@@ -15,6 +15,7 @@ binaries, for FlagsExist).
 """
 import atexit
 import base64
+import hashlib
 import json
 import os
 import re
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import zlib
 
 import yaml
 
@@ -53,6 +53,13 @@ def render(*extra, release=RELEASE, check=True):
         raise AssertionError("helm_render failed (%d): %s" % (p.returncode, p.stderr))
     objs = [d for d in yaml.safe_load_all(p.stdout) if d] if p.returncode == 0 else []
     return objs, p.stdout, p.stderr, p.returncode
+
+
+def rendezvous_replica(job, replicas):
+    """The replica the chart's prism.prismdTarget picks: the highest sha256("JOB/i") hex digest,
+    the lowest i on a tie (an independent implementation of the template's rule)."""
+    scores = [hashlib.sha256(("%s/%d" % (job, i)).encode()).hexdigest() for i in range(replicas)]
+    return scores.index(max(scores))
 
 
 def by_kind_name(objs):
@@ -232,6 +239,24 @@ class RenderFull(unittest.TestCase):
         jobs = self.o[("Secret", "prism-job-tokens")]["data"]
         self.assertEqual({k: base64.b64decode(v) for k, v in jobs.items()}, {"example": b"ci-example-job-token"})
 
+    def test_replica_choice_is_rendezvous(self):
+        """Each (job, replica count) goes to the replica the rendezvous rule names, and growing
+        the count moves a job only to the new replica."""
+        for job in ("example", "llama-7b", "j"):
+            previous = None
+            for replicas in (1, 2, 3, 4, 5):
+                objs, _, _, _ = render("--values", FULL, "--set", "prismd.replicas=%d" % replicas,
+                                       "--set", "exampleJob.jobId=%s" % job)
+                pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+                agent = container(pod, "prism-agent", "initContainers")
+                target = [a for a in agent["args"] if a.startswith("--prismd=")]
+                want = rendezvous_replica(job, replicas)
+                self.assertEqual(target, ["--prismd=dns:///prism-%d.prism-headless.ml.svc:50051" % want],
+                                 "job %s, %d replicas" % (job, replicas))
+                if previous is not None:
+                    self.assertIn(want, (previous, replicas - 1), "job %s moved between old replicas" % job)
+                previous = want
+
     def test_sidecar_in_example_job(self):
         """The "prism.agentSidecar" template's output, as the example Job uses it."""
         job = self.o[("Job", "prism-example-trainer")]
@@ -240,7 +265,7 @@ class RenderFull(unittest.TestCase):
         self.assertEqual(job["spec"]["template"]["metadata"]["labels"]["prism-agent"], "sidecar")
         self.assertEqual(len(pod["initContainers"]), 1)
         agent = container(pod, "prism-agent", "initContainers")
-        replica = zlib.adler32(b"example") % 2
+        replica = rendezvous_replica("example", 2)
         self.assertEqual(replica, 1)
         self.assertEqual(agent["restartPolicy"], "Always")
         self.assertEqual(agent["command"], ["prism-agent"])

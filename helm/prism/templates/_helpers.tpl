@@ -79,13 +79,23 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* The gRPC target of the prismd replica that serves a job: replica number
-adler32(job id) mod replicas, by its stable DNS name under the headless Service. Changing
-prismd.replicas moves jobs between replicas (a job starts afresh on its new replica).
+{{/* The gRPC target of the prismd replica that serves a job, by its stable DNS name under the
+headless Service. The replica is chosen by rendezvous hashing (DESIGN 7: a consistent hash of the
+job id): each replica i scores sha256("JOB/i"), and the highest score wins (hex digests of equal
+length compare as numbers). Growing prismd.replicas from n to n+1 moves only the jobs the new
+replica wins, about 1/(n+1) of them; a moved job starts afresh on its new replica.
 Argument: (dict "root" $ "job" JOB_ID). */}}
 {{- define "prism.prismdTarget" -}}
 {{- $root := .root -}}
-{{- $replica := mod (adler32sum .job) (int $root.Values.prismd.replicas) -}}
+{{- $replica := 0 -}}
+{{- $best := "" -}}
+{{- range $i := until (int $root.Values.prismd.replicas) -}}
+{{- $score := sha256sum (printf "%s/%d" $.job $i) -}}
+{{- if gt $score $best -}}
+{{- $replica = $i -}}
+{{- $best = $score -}}
+{{- end -}}
+{{- end -}}
 {{- printf "dns:///%s-%d.%s-headless.%s.svc:%d" (include "prism.fullname" $root) $replica (include "prism.fullname" $root) $root.Release.Namespace (int $root.Values.service.grpcPort) -}}
 {{- end -}}
 
