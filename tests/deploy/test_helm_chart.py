@@ -300,6 +300,23 @@ class RenderFull(unittest.TestCase):
         self.assertEqual(agent["volumeMounts"], [{"name": "prism-run", "mountPath": "/run/prism"}])
         self.assertEqual([v["name"] for v in pod["volumes"]], ["prism-run", "tmp"])
 
+    def test_sidecar_dials_container_port(self):
+        """A replica's pod DNS name resolves to the pod's IP, where no Service port mapping
+        applies: the agent dials prismd's container gRPC port 50051 whatever service.grpcPort is
+        (review finding 1)."""
+        objs, _, _, _ = render("--values", FULL, "--set", "service.grpcPort=443,service.httpPort=80")
+        o = by_kind_name(objs)
+        pod = o[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        self.assertEqual(agent["args"][0], "--prismd=dns:///prism-1.prism-headless.ml.svc:50051")
+        for name in ("prism", "prism-headless"):
+            self.assertEqual(o[("Service", name)]["spec"]["ports"], [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"},
+                {"name": "grpc", "port": 443, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}])
+        c = container(o[("StatefulSet", "prism")]["spec"]["template"]["spec"], "prismd")
+        self.assertEqual(c["ports"], PRISMD_PORTS)
+        self.assertIn("--grpc-listen=0.0.0.0:50051", c["args"])
+
     def test_monitoring(self):
         sm = self.o[("ServiceMonitor", "prism")]["spec"]
         self.assertEqual(sm["jobLabel"], "app.kubernetes.io/name")

@@ -79,8 +79,14 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* prismd's container ports (fixed: the image's and the probes'). A pod's DNS name resolves
+to the pod's IP, where no Service port mapping applies: whoever dials a replica directly uses
+these, never service.httpPort or service.grpcPort (the client Service's ports). */}}
+{{- define "prism.grpcContainerPort" -}}50051{{- end -}}
+{{- define "prism.httpContainerPort" -}}8080{{- end -}}
+
 {{/* The gRPC target of the prismd replica that serves a job, by its stable DNS name under the
-headless Service. The replica is chosen by rendezvous hashing (DESIGN 7: a consistent hash of the
+headless Service and prismd's container gRPC port. The replica is chosen by rendezvous hashing (DESIGN 7: a consistent hash of the
 job id): each replica i scores sha256("JOB/i"), and the highest score wins (hex digests of equal
 length compare as numbers). Growing prismd.replicas from n to n+1 moves only the jobs the new
 replica wins, about 1/(n+1) of them; a moved job starts afresh on its new replica.
@@ -96,7 +102,7 @@ Argument: (dict "root" $ "job" JOB_ID). */}}
 {{- $best = $score -}}
 {{- end -}}
 {{- end -}}
-{{- printf "dns:///%s-%d.%s-headless.%s.svc:%d" (include "prism.fullname" $root) $replica (include "prism.fullname" $root) $root.Release.Namespace (int $root.Values.service.grpcPort) -}}
+{{- printf "dns:///%s-%d.%s-headless.%s.svc:%s" (include "prism.fullname" $root) $replica (include "prism.fullname" $root) $root.Release.Namespace (include "prism.grpcContainerPort" $root) -}}
 {{- end -}}
 
 {{/* The prism-agent sidecar for a trainer's pod, as one item of the pod's initContainers
