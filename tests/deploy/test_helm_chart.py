@@ -78,6 +78,9 @@ SECURITY_CONTEXT = {
     "runAsNonRoot": True,
     "capabilities": {"drop": ["ALL"]},
 }
+# The sidecar's: a trainer's pod may set no runAsUser, and the kubelet refuses runAsNonRoot with
+# the image's non-numeric user (review finding 4).
+SIDECAR_SECURITY_CONTEXT = dict(SECURITY_CONTEXT, runAsUser=10001, runAsGroup=10001)
 POD_SECURITY_CONTEXT = {
     "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
     "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
@@ -277,7 +280,7 @@ class RenderFull(unittest.TestCase):
                                                  "periodSeconds": 1, "failureThreshold": 60})
         self.assertEqual(agent["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "agent-metrics"})
         self.assertEqual(agent["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "agent-metrics"})
-        self.assertEqual(agent["securityContext"], SECURITY_CONTEXT)
+        self.assertEqual(agent["securityContext"], SIDECAR_SECURITY_CONTEXT)
         self.assertEqual(agent["resources"], {"requests": {"cpu": "50m", "memory": "64Mi"},
                                               "limits": {"cpu": "500m", "memory": "256Mi"}})
         self.assertEqual(agent["volumeMounts"], [

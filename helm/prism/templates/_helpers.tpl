@@ -169,6 +169,10 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- include "prism.containerSecurityContext" $root | nindent 4 }}
+    # The image's user prism, numerically: the trainer's pod may set no runAsUser, and the
+    # kubelet refuses runAsNonRoot with a non-numeric image user.
+    runAsUser: 10001
+    runAsGroup: 10001
   volumeMounts:
     - name: prism-run
       mountPath: {{ $v.runDir }}
