@@ -375,6 +375,49 @@ class ValuesRefused(unittest.TestCase):
         err = self.refused("--set", "prismd.policy.low_precision=fp4")
         self.assertIn("- prismd.policy.low_precision: must be one of int8, fp8_e4m3, fp8_e5m2, int4, given fp4", err)
 
+    def test_job_token_keys(self):
+        """A job token's key is a job id as prismd takes it (1 to 128 letters, digits, '-', '_'
+        or '.', starting with a letter or digit: also a valid Secret key and file name), and a
+        token is printable ASCII without spaces (review finding 8)."""
+        path = write("bad-tokens.yaml", yaml.safe_dump({"auth": {"jobTokens": {"tokens": {
+            "team/a": "t1", "a:b": "t2", "#x": "t3", ".hidden": "t4", "x" * 129: "t5", "ok": "has space"}}},
+            "exampleJob": {"jobId": "-j"}}))
+        err = self.refused("--values", path)
+        pattern = '"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"'
+        for key in ("team/a", "a:b", "#x", ".hidden", "x" * 129):
+            self.assertIn("- auth.jobTokens.tokens.%s: property name does not match pattern %s, given %s"
+                          % (key, pattern, json.dumps(key)), err)
+        self.assertIn('- auth.jobTokens.tokens.ok: does not match pattern "^[!-~]+$", given "has space"', err)
+        self.assertIn('- exampleJob.jobId: does not match pattern %s, given "-j"' % pattern, err)
+
+    def test_job_token_keys_quoted(self):
+        """Keys YAML would read as a boolean or a number stay the job ids they are."""
+        path = write("tokens.yaml", 'auth:\n  jobTokens:\n    tokens:\n      "true": t1\n'
+                     '      "007": t2\n      "1e3": t3\n      a.b-c_d: t4\n')
+        o = by_kind_name(render("--values", path)[0])
+        data = o[("Secret", "prism-job-tokens")]["data"]
+        self.assertEqual({k: base64.b64decode(v) for k, v in data.items()},
+                         {"true": b"t1", "007": b"t2", "1e3": b"t3", "a.b-c_d": b"t4"})
+
+    def test_agent_extra_args_chart_flags(self):
+        """agent.extraArgs cannot repeat a flag the chart sets (review finding 8)."""
+        path = write("extra.yaml", yaml.safe_dump({"agent": {"extraArgs": [
+            "--heartbeat-ms=5000", "--dir=/x", "--prismd", "--metrics-listen=0.0.0.0:1", "--node=n",
+            "--device=0", "--device-class=h100", "--directory=/ok"]}}))
+        err = self.refused("--values", path)
+        why = ("is refused (the chart sets --dir, --prismd, --metrics-listen, --node, --device and "
+               "--device-class: use agent.runDir, agent.prismd, agent.metricsPort, agent.device and "
+               "agent.deviceClass)")
+        refused = [line for line in err.splitlines() if line.startswith("- agent.extraArgs")]
+        self.assertEqual(refused, ['- agent.extraArgs[%d]: %s, given "%s"' % (i, why, a) for i, a in [
+            (1, "--dir=/x"), (2, "--prismd"), (3, "--metrics-listen=0.0.0.0:1"), (4, "--node=n"),
+            (5, "--device=0"), (6, "--device-class=h100")]])
+        objs, _, _, _ = render("--set", "exampleJob.enabled=true", "--values", write("ok.yaml", yaml.safe_dump(
+            {"agent": {"extraArgs": ["--heartbeat-ms=5000", "--log-level=debug"]}})))
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        args = container(pod, "prism-agent", "initContainers")["args"]
+        self.assertEqual(args[-2:], ["--heartbeat-ms=5000", "--log-level=debug"])
+
     def test_kube_version_checked(self):
         """The native sidecar needs Kubernetes 1.29: Chart.yaml's kubeVersion says so."""
         err = self.refused("--kube-version", "1.28.3")
