@@ -197,7 +197,7 @@ class RenderDefault(unittest.TestCase):
 
 def sidecar_args(target, token=None):
     args = ["--prismd=" + target, "--dir=/run/prism", "--metrics-listen=0.0.0.0:9470",
-            "--node=$(NODE_NAME)", "--device=auto"]
+            "--node=$(NODE_NAME)", "--device=cpu"]
     if token:
         args.append("--token-file=/etc/prism/job-token/" + token)
     return args
@@ -319,6 +319,28 @@ class RenderFull(unittest.TestCase):
         c = container(o[("StatefulSet", "prism")]["spec"]["template"]["spec"], "prismd")
         self.assertEqual(c["ports"], PRISMD_PORTS)
         self.assertIn("--grpc-listen=0.0.0.0:50051", c["args"])
+
+    def test_sidecar_device(self):
+        """The sidecar sees no GPU by default (it requests none): it says cpu (review finding
+        14). The trainer's class can be named (deviceClass), or a pod's resource claim shared
+        (resourceClaims) with device auto; the output is valid Kubernetes."""
+        objs, out, _, _ = render("--values", FULL, "--set", "agent.device=auto,agent.deviceClass=gpu-nvidia-h100-80gb-hbm3",
+                                 "--set", "agent.resourceClaims={gpu}")
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        self.assertEqual(agent["args"][4:], ["--device=auto", "--device-class=gpu-nvidia-h100-80gb-hbm3",
+                                             "--token-file=/etc/prism/job-token/example"])
+        self.assertEqual(agent["resources"], {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                              "limits": {"cpu": "500m", "memory": "256Mi"},
+                                              "claims": [{"name": "gpu"}]})
+        if os.environ.get("PRISM_NODE"):
+            p = run_node(write("device.yaml", out))
+            self.assertEqual(p.returncode, 0)
+        for bad, err in (("agent.device=gpu", '- agent.device: does not match pattern "^(auto|cpu|[0-9]+)$", given "gpu"'),
+                         ("agent.deviceClass=a b", '- agent.deviceClass: does not match pattern "^[A-Za-z0-9._-]*$", given "a b"')):
+            _, _, e, rc = render("--set", bad, check=False)
+            self.assertEqual(rc, 1)
+            self.assertIn(err, e)
 
     def test_monitoring(self):
         sm = self.o[("ServiceMonitor", "prism")]["spec"]

@@ -130,7 +130,10 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
     - --dir={{ $v.runDir }}
     - --metrics-listen=0.0.0.0:{{ $v.metricsPort }}
     - --node=$(NODE_NAME)
-    - --device=auto
+    - --device={{ $v.device }}
+    {{- with $v.deviceClass }}
+    - --device-class={{ . }}
+    {{- end }}
     {{- if .tokenSecret }}
     - --token-file=/etc/prism/job-token/{{ required "prism.agentSidecar: tokenKey is required with tokenSecret" .tokenKey }}
     {{- end }}
@@ -167,6 +170,13 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
     timeoutSeconds: 2
   resources:
     {{- toYaml $v.resources | nindent 4 }}
+    {{- with $v.resourceClaims }}
+    # The pod's resource claims the agent shares with the trainer (DRA): its GPU, to measure.
+    claims:
+      {{- range . }}
+      - name: {{ . }}
+      {{- end }}
+    {{- end }}
   securityContext:
     {{- include "prism.containerSecurityContext" $root | nindent 4 }}
     # The image's user prism, numerically: the trainer's pod may set no runAsUser, and the
