@@ -188,6 +188,42 @@ class RenderDefault(unittest.TestCase):
         self.assertIn("kubectl -n ml get secret prism-admin -o jsonpath='{.data.admin-token}' | base64 -d", notes)
         self.assertIn('include "prism.agentSidecar"', notes)
 
+    def test_secret_checksum_has_no_token(self):
+        """checksum/secret hashes only the Secrets' names and keys and auth.revision: the same
+        on every render although each generates a new admin token, unchanged by token values,
+        changed by a bumped auth.revision (review finding 9)."""
+        def checksum(*args):
+            objs = render(*args)[0]
+            o = by_kind_name(objs)
+            annotations = o[("StatefulSet", "prism")]["spec"]["template"]["metadata"]["annotations"]
+            return annotations["checksum/secret"], o
+        first, o1 = checksum()
+        second, o2 = checksum()
+        self.assertNotEqual(o1[("Secret", "prism-admin")]["data"], o2[("Secret", "prism-admin")]["data"])
+        want = hashlib.sha256(b"admin=prism-admin/admin-token jobTokens= revision=0").hexdigest()
+        self.assertEqual((first, second), (want, want))
+        full, _ = checksum("--values", FULL)
+        self.assertEqual(full, hashlib.sha256(b"admin=prism-admin/admin-token jobTokens=prism-job-tokens revision=0").hexdigest())
+        changed, o = checksum("--values", FULL, "--set", "auth.admin.token=other,auth.jobTokens.tokens.example=other2")
+        self.assertEqual(changed, full)
+        self.assertEqual(base64.b64decode(o[("Secret", "prism-job-tokens")]["data"]["example"]), b"other2")
+        bumped, _ = checksum("--values", FULL, "--set", "auth.revision=3")
+        self.assertEqual(bumped, hashlib.sha256(b"admin=prism-admin/admin-token jobTokens=prism-job-tokens revision=3").hexdigest())
+        existing, _ = checksum("--set", "auth.admin.existingSecret=ops-admin,auth.admin.existingSecretKey=token")
+        self.assertEqual(existing, hashlib.sha256(b"admin=ops-admin/token jobTokens= revision=0").hexdigest())
+        off, _ = checksum("--set", "auth.admin.enabled=false")
+        self.assertEqual(off, hashlib.sha256(b"admin=- jobTokens= revision=0").hexdigest())
+
+    def test_notes_gitops(self):
+        """A generated admin token: NOTES says to use existingSecret with helm template/GitOps."""
+        path = os.path.join(SCRATCH.name, "NOTES-gitops.txt")
+        render("--notes", path)
+        with open(path) as f:
+            self.assertIn("every render generates a new one: set auth.admin.existingSecret there.", f.read())
+        render("--set", "auth.admin.existingSecret=ops-admin", "--notes", path)
+        with open(path) as f:
+            self.assertNotIn("auth.admin.existingSecret", f.read())
+
     def test_release_name_prefixes(self):
         objs, _, _, _ = render(release="team-a")
         self.assertEqual(sorted(o["metadata"]["name"] for o in objs),

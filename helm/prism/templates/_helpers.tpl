@@ -57,6 +57,16 @@ app.kubernetes.io/part-of: prism
 {{- end -}}
 {{- end -}}
 
+{{/* What the pods' checksum/secret annotation hashes: the admin Secret's name and key (or
+"-" without an admin token), the job tokens Secret's name, and auth.revision; never a token. */}}
+{{- define "prism.secretChecksum" -}}
+{{- $admin := "-" -}}
+{{- if .Values.auth.admin.enabled -}}
+{{- $admin = printf "%s/%s" (include "prism.adminSecretName" .) (include "prism.adminSecretKey" .) -}}
+{{- end -}}
+{{- printf "admin=%s jobTokens=%s revision=%v" $admin (include "prism.jobTokensSecretName" .) (int .Values.auth.revision) | sha256sum -}}
+{{- end -}}
+
 {{/* The container securityContext of every container of the chart: no privilege, no
 capabilities, a read-only root filesystem. */}}
 {{- define "prism.containerSecurityContext" -}}
