@@ -187,6 +187,26 @@ class RenderDefault(unittest.TestCase):
         self.assertIn("kubectl -n ml port-forward pod/prism-0 8080:8080", notes)
         self.assertIn("kubectl -n ml get secret prism-admin -o jsonpath='{.data.admin-token}' | base64 -d", notes)
         self.assertIn('include "prism.agentSidecar"', notes)
+        self.assertIn("  prism.ml.svc:50051  gRPC (agents)\n", notes)
+        self.assertIn("  (The client Service suits one replica: with more, agents and REST address each job's replica.)\n", notes)
+        self.assertNotIn("replica 1", notes)
+
+    def test_notes_replicas(self):
+        """With more than one replica NOTES advertises each replica's gRPC and REST addresses
+        (the container ports, whatever the Service's are) and says the client Service suits one
+        replica only (review finding 6)."""
+        path = os.path.join(SCRATCH.name, "NOTES-3.txt")
+        render("--set", "prismd.replicas=3,service.grpcPort=443", "--notes", path)
+        with open(path) as f:
+            notes = f.read()
+        self.assertTrue(notes.startswith("Prism 0.1.0: prismd (3 replicas) in namespace ml.\n"), notes)
+        for i in range(3):
+            self.assertIn("  replica %d: gRPC (agents) dns:///prism-%d.prism-headless.ml.svc:50051\n"
+                          "             HTTP (REST)  http://prism-%d.prism-headless.ml.svc:8080\n" % (i, i, i), notes)
+        self.assertNotIn("replica 3", notes)
+        self.assertIn("  The client Service prism.ml.svc (HTTP 8080, gRPC 443)\n"
+                      "  spreads connections over the replicas: it suits one replica only, not a job's agents or REST.\n", notes)
+        self.assertNotIn("gRPC (agents)\n", notes.replace("gRPC (agents) dns", ""))
 
     def test_secret_checksum_has_no_token(self):
         """checksum/secret hashes only the Secrets' names and keys and auth.revision: the same
@@ -229,6 +249,105 @@ class RenderDefault(unittest.TestCase):
         self.assertEqual(sorted(o["metadata"]["name"] for o in objs),
                          ["team-a-prism", "team-a-prism", "team-a-prism-admin", "team-a-prism-config",
                           "team-a-prism-headless"])
+
+
+class PrismdDisabled(unittest.TestCase):
+    """prismd.enabled false: none of prismd's objects, the named templates still usable, the
+    sidecar pointed at an existing prismd by agent.prismd (review finding 6)."""
+
+    EXISTING = "dns:///prism-1.prism-headless.ml.svc:50051"
+
+    def test_no_prismd_objects(self):
+        objs, _, _, _ = render("--set", "prismd.enabled=false")
+        self.assertEqual(objs, [])
+        objs, _, _, _ = render("--values", FULL, "--set", "prismd.enabled=false,agent.prismd=" + self.EXISTING)
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in objs], [
+            ("ConfigMap", "prism-dashboards"), ("Job", "prism-example-trainer"), ("PodMonitor", "prism-agents"),
+            ("PrometheusRule", "prism")])
+        pod = objs[1]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        # No token Secret of this release exists: the sidecar has none.
+        self.assertEqual(agent["args"], sidecar_args(self.EXISTING))
+        self.assertEqual([v["name"] for v in pod["volumes"]], ["prism-run", "tmp"])
+
+    def test_existing_release_token(self):
+        """The existing release's job tokens Secret, named by auth.jobTokens.existingSecret."""
+        objs, _, _, _ = render("--set", "prismd.enabled=false,exampleJob.enabled=true,agent.prismd=" + self.EXISTING,
+                               "--set", "auth.jobTokens.existingSecret=prism-job-tokens")
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in objs], [("Job", "prism-example-trainer")])
+        pod = objs[0]["spec"]["template"]["spec"]
+        self.assertEqual(container(pod, "prism-agent", "initContainers")["args"],
+                         sidecar_args(self.EXISTING, token="example"))
+        self.assertEqual(pod["volumes"][1], {"name": "prism-job-token", "secret": {
+            "secretName": "prism-job-tokens", "items": [{"key": "example", "path": "example"}]}})
+
+    def test_agent_prismd_overrides_replica(self):
+        """agent.prismd wins over the replica chosen from the job id, prismd enabled or not."""
+        objs, _, _, _ = render("--values", FULL, "--set", "agent.prismd=other-prismd.example:50051")
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        self.assertEqual(container(pod, "prism-agent", "initContainers")["args"][0], "--prismd=other-prismd.example:50051")
+        self.assertIn(("StatefulSet", "prism"), by_kind_name(objs))
+
+    def test_parent_chart(self):
+        """The named templates from a parent (trainer) chart, as helm/README.md shows: the
+        parent passes a context holding the subchart's values (Helm coalesces the dependency's
+        defaults under .Values.prism; here written out), prismd disabled, agent.prismd set.
+        The renderer renders one chart, so the parent carries prism's _helpers.tpl itself."""
+        chart = os.path.join(SCRATCH.name, "trainer")
+        os.makedirs(os.path.join(chart, "templates"))
+        with open(os.path.join(CHART, "values.yaml")) as f:
+            prism = yaml.safe_load(f)
+        prism["prismd"]["enabled"] = False
+        prism["agent"]["prismd"] = self.EXISTING
+        with open(os.path.join(chart, "Chart.yaml"), "w") as f:
+            f.write("apiVersion: v2\nname: trainer\nversion: 1.0.0\nappVersion: \"7\"\n")
+        with open(os.path.join(chart, "values.yaml"), "w") as f:
+            yaml.safe_dump({"prism": prism}, f)
+        with open(os.path.join(CHART, "templates", "_helpers.tpl")) as src, \
+                open(os.path.join(chart, "templates", "_prism_helpers.tpl"), "w") as dst:
+            dst.write(src.read())
+        with open(os.path.join(chart, "templates", "job.yaml"), "w") as f:
+            f.write('''{{- $prism := dict "Values" .Values.prism "Release" .Release "Chart" (dict "Name" "prism" "AppVersion" "0.1.0") }}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: my-trainer
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      initContainers:
+        {{- include "prism.agentSidecar" (dict "root" $prism "job" "my-job") | nindent 8 }}
+      containers:
+        - name: trainer
+          image: my-trainer:1
+          env: {{- include "prism.trainerEnv" $prism | nindent 12 }}
+          volumeMounts: {{- include "prism.trainerVolumeMounts" $prism | nindent 12 }}
+      volumes:
+        {{- include "prism.agentSidecarVolumes" (dict "root" $prism "job" "my-job") | nindent 8 }}
+''')
+        p = subprocess.run([os.environ["PRISM_HELM_RENDER"], "--chart", chart, "--release", "train",
+                            "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        objs = [d for d in yaml.safe_load_all(p.stdout) if d]
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in objs], [("Job", "my-trainer")])
+        pod = objs[0]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        self.assertEqual(agent["image"], "prism:0.1.0")
+        self.assertEqual(agent["args"], sidecar_args(self.EXISTING))
+        self.assertEqual(agent["securityContext"], SIDECAR_SECURITY_CONTEXT)
+        self.assertEqual(container(pod, "trainer")["env"], [{"name": "PRISM_AGENT_DIR", "value": "/run/prism"}])
+        self.assertEqual(pod["volumes"], [{"name": "prism-run", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}])
+
+    def test_notes(self):
+        path = os.path.join(SCRATCH.name, "NOTES-off.txt")
+        render("--set", "prismd.enabled=false,agent.prismd=" + self.EXISTING, "--notes", path)
+        with open(path) as f:
+            notes = f.read()
+        self.assertTrue(notes.startswith("Prism 0.1.0: prismd.enabled is false, no prismd in this release.\n"
+                                         "Agent sidecars dial %s (agent.prismd).\n" % self.EXISTING), notes)
+        self.assertNotIn("port-forward", notes)
+        self.assertNotIn("get secret", notes)
 
 
 def sidecar_args(target, token=None):

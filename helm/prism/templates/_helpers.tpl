@@ -48,11 +48,12 @@ app.kubernetes.io/part-of: prism
 {{- if .Values.auth.admin.existingSecret -}}{{ .Values.auth.admin.existingSecretKey }}{{- else -}}admin-token{{- end -}}
 {{- end -}}
 
-{{/* The Secret holding the provisioned job tokens (one key per job id), "" when there is none. */}}
+{{/* The Secret holding the provisioned job tokens (one key per job id), "" when there is none
+(the chart's own Secret exists only with prismd.enabled). */}}
 {{- define "prism.jobTokensSecretName" -}}
 {{- if .Values.auth.jobTokens.existingSecret -}}
 {{- .Values.auth.jobTokens.existingSecret -}}
-{{- else if .Values.auth.jobTokens.tokens -}}
+{{- else if and .Values.prismd.enabled .Values.auth.jobTokens.tokens -}}
 {{- printf "%s-job-tokens" (include "prism.fullname" .) -}}
 {{- end -}}
 {{- end -}}
@@ -123,6 +124,9 @@ Job's pod from completing). Arguments (a dict):
   job      the job id, which picks the prismd replica
   tokenSecret, tokenKey  optional: a Secret key holding the job's token (--token-file)
   prismd   optional: a gRPC target overriding the replica chosen from the job id
+The target: the prismd argument, else .Values.agent.prismd (e.g. an existing prismd release's,
+for a trainer chart that sets prismd.enabled false), else the job's replica of this release
+(prism.prismdTarget).
 The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) at
 .Values.agent.runDir and gets PRISM_AGENT_DIR (prism.trainerEnv). */}}
 {{- define "prism.agentSidecar" -}}
@@ -136,7 +140,11 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
   command:
     - prism-agent
   args:
-    - --prismd={{ default (include "prism.prismdTarget" (dict "root" $root "job" $job)) .prismd }}
+    {{- $target := .prismd | default $v.prismd }}
+    {{- if not $target }}
+    {{- $target = include "prism.prismdTarget" (dict "root" $root "job" $job) }}
+    {{- end }}
+    - --prismd={{ $target }}
     - --dir={{ $v.runDir }}
     - --metrics-listen=0.0.0.0:{{ $v.metricsPort }}
     - --node=$(NODE_NAME)
