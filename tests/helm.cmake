@@ -44,7 +44,7 @@ set(prism_helm_env
 set(prism_helm_test ${CMAKE_CURRENT_SOURCE_DIR}/deploy/test_helm_chart.py)
 
 # Renders, exact facts, values refused, flags the binaries have.
-foreach(case RenderDefault RenderFull ValuesRefused FlagsExist)
+foreach(case RenderDefault RenderFull PrismdDisabled ValuesRefused FlagsExist)
   string(REGEX REPLACE "([a-z])([A-Z])" "\\1_\\2" name "${case}")
   string(TOLOWER "test_helm_${name}" name)
   add_test(NAME ${name} COMMAND ${PRISM_PYTHON} ${prism_helm_test} ${case})

@@ -78,6 +78,9 @@ SECURITY_CONTEXT = {
     "runAsNonRoot": True,
     "capabilities": {"drop": ["ALL"]},
 }
+# The sidecar's: a trainer's pod may set no runAsUser, and the kubelet refuses runAsNonRoot with
+# the image's non-numeric user (review finding 4).
+SIDECAR_SECURITY_CONTEXT = dict(SECURITY_CONTEXT, runAsUser=10001, runAsGroup=10001)
 POD_SECURITY_CONTEXT = {
     "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
     "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
@@ -184,6 +187,62 @@ class RenderDefault(unittest.TestCase):
         self.assertIn("kubectl -n ml port-forward pod/prism-0 8080:8080", notes)
         self.assertIn("kubectl -n ml get secret prism-admin -o jsonpath='{.data.admin-token}' | base64 -d", notes)
         self.assertIn('include "prism.agentSidecar"', notes)
+        self.assertIn("  prism.ml.svc:50051  gRPC (agents)\n", notes)
+        self.assertIn("  (The client Service suits one replica: with more, agents and REST address each job's replica.)\n", notes)
+        self.assertNotIn("replica 1", notes)
+
+    def test_notes_replicas(self):
+        """With more than one replica NOTES advertises each replica's gRPC and REST addresses
+        (the container ports, whatever the Service's are) and says the client Service suits one
+        replica only (review finding 6)."""
+        path = os.path.join(SCRATCH.name, "NOTES-3.txt")
+        render("--set", "prismd.replicas=3,service.grpcPort=443", "--notes", path)
+        with open(path) as f:
+            notes = f.read()
+        self.assertTrue(notes.startswith("Prism 0.1.0: prismd (3 replicas) in namespace ml.\n"), notes)
+        for i in range(3):
+            self.assertIn("  replica %d: gRPC (agents) dns:///prism-%d.prism-headless.ml.svc:50051\n"
+                          "             HTTP (REST)  http://prism-%d.prism-headless.ml.svc:8080\n" % (i, i, i), notes)
+        self.assertNotIn("replica 3", notes)
+        self.assertIn("  The client Service prism.ml.svc (HTTP 8080, gRPC 443)\n"
+                      "  spreads connections over the replicas: it suits one replica only, not a job's agents or REST.\n", notes)
+        self.assertNotIn("gRPC (agents)\n", notes.replace("gRPC (agents) dns", ""))
+
+    def test_secret_checksum_has_no_token(self):
+        """checksum/secret hashes only the Secrets' names and keys and auth.revision: the same
+        on every render although each generates a new admin token, unchanged by token values,
+        changed by a bumped auth.revision (review finding 9)."""
+        def checksum(*args):
+            objs = render(*args)[0]
+            o = by_kind_name(objs)
+            annotations = o[("StatefulSet", "prism")]["spec"]["template"]["metadata"]["annotations"]
+            return annotations["checksum/secret"], o
+        first, o1 = checksum()
+        second, o2 = checksum()
+        self.assertNotEqual(o1[("Secret", "prism-admin")]["data"], o2[("Secret", "prism-admin")]["data"])
+        want = hashlib.sha256(b"admin=prism-admin/admin-token jobTokens= revision=0").hexdigest()
+        self.assertEqual((first, second), (want, want))
+        full, _ = checksum("--values", FULL)
+        self.assertEqual(full, hashlib.sha256(b"admin=prism-admin/admin-token jobTokens=prism-job-tokens revision=0").hexdigest())
+        changed, o = checksum("--values", FULL, "--set", "auth.admin.token=other,auth.jobTokens.tokens.example=other2")
+        self.assertEqual(changed, full)
+        self.assertEqual(base64.b64decode(o[("Secret", "prism-job-tokens")]["data"]["example"]), b"other2")
+        bumped, _ = checksum("--values", FULL, "--set", "auth.revision=3")
+        self.assertEqual(bumped, hashlib.sha256(b"admin=prism-admin/admin-token jobTokens=prism-job-tokens revision=3").hexdigest())
+        existing, _ = checksum("--set", "auth.admin.existingSecret=ops-admin,auth.admin.existingSecretKey=token")
+        self.assertEqual(existing, hashlib.sha256(b"admin=ops-admin/token jobTokens= revision=0").hexdigest())
+        off, _ = checksum("--set", "auth.admin.enabled=false")
+        self.assertEqual(off, hashlib.sha256(b"admin=- jobTokens= revision=0").hexdigest())
+
+    def test_notes_gitops(self):
+        """A generated admin token: NOTES says to use existingSecret with helm template/GitOps."""
+        path = os.path.join(SCRATCH.name, "NOTES-gitops.txt")
+        render("--notes", path)
+        with open(path) as f:
+            self.assertIn("every render generates a new one: set auth.admin.existingSecret there.", f.read())
+        render("--set", "auth.admin.existingSecret=ops-admin", "--notes", path)
+        with open(path) as f:
+            self.assertNotIn("auth.admin.existingSecret", f.read())
 
     def test_release_name_prefixes(self):
         objs, _, _, _ = render(release="team-a")
@@ -192,9 +251,108 @@ class RenderDefault(unittest.TestCase):
                           "team-a-prism-headless"])
 
 
+class PrismdDisabled(unittest.TestCase):
+    """prismd.enabled false: none of prismd's objects, the named templates still usable, the
+    sidecar pointed at an existing prismd by agent.prismd (review finding 6)."""
+
+    EXISTING = "dns:///prism-1.prism-headless.ml.svc:50051"
+
+    def test_no_prismd_objects(self):
+        objs, _, _, _ = render("--set", "prismd.enabled=false")
+        self.assertEqual(objs, [])
+        objs, _, _, _ = render("--values", FULL, "--set", "prismd.enabled=false,agent.prismd=" + self.EXISTING)
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in objs], [
+            ("ConfigMap", "prism-dashboards"), ("Job", "prism-example-trainer"), ("PodMonitor", "prism-agents"),
+            ("PrometheusRule", "prism")])
+        pod = objs[1]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        # No token Secret of this release exists: the sidecar has none.
+        self.assertEqual(agent["args"], sidecar_args(self.EXISTING))
+        self.assertEqual([v["name"] for v in pod["volumes"]], ["prism-run", "tmp"])
+
+    def test_existing_release_token(self):
+        """The existing release's job tokens Secret, named by auth.jobTokens.existingSecret."""
+        objs, _, _, _ = render("--set", "prismd.enabled=false,exampleJob.enabled=true,agent.prismd=" + self.EXISTING,
+                               "--set", "auth.jobTokens.existingSecret=prism-job-tokens")
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in objs], [("Job", "prism-example-trainer")])
+        pod = objs[0]["spec"]["template"]["spec"]
+        self.assertEqual(container(pod, "prism-agent", "initContainers")["args"],
+                         sidecar_args(self.EXISTING, token="example"))
+        self.assertEqual(pod["volumes"][1], {"name": "prism-job-token", "secret": {
+            "secretName": "prism-job-tokens", "items": [{"key": "example", "path": "example"}]}})
+
+    def test_agent_prismd_overrides_replica(self):
+        """agent.prismd wins over the replica chosen from the job id, prismd enabled or not."""
+        objs, _, _, _ = render("--values", FULL, "--set", "agent.prismd=other-prismd.example:50051")
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        self.assertEqual(container(pod, "prism-agent", "initContainers")["args"][0], "--prismd=other-prismd.example:50051")
+        self.assertIn(("StatefulSet", "prism"), by_kind_name(objs))
+
+    def test_parent_chart(self):
+        """The named templates from a parent (trainer) chart, as helm/README.md shows: the
+        parent passes a context holding the subchart's values (Helm coalesces the dependency's
+        defaults under .Values.prism; here written out), prismd disabled, agent.prismd set.
+        The renderer renders one chart, so the parent carries prism's _helpers.tpl itself."""
+        chart = os.path.join(SCRATCH.name, "trainer")
+        os.makedirs(os.path.join(chart, "templates"))
+        with open(os.path.join(CHART, "values.yaml")) as f:
+            prism = yaml.safe_load(f)
+        prism["prismd"]["enabled"] = False
+        prism["agent"]["prismd"] = self.EXISTING
+        with open(os.path.join(chart, "Chart.yaml"), "w") as f:
+            f.write("apiVersion: v2\nname: trainer\nversion: 1.0.0\nappVersion: \"7\"\n")
+        with open(os.path.join(chart, "values.yaml"), "w") as f:
+            yaml.safe_dump({"prism": prism}, f)
+        with open(os.path.join(CHART, "templates", "_helpers.tpl")) as src, \
+                open(os.path.join(chart, "templates", "_prism_helpers.tpl"), "w") as dst:
+            dst.write(src.read())
+        with open(os.path.join(chart, "templates", "job.yaml"), "w") as f:
+            f.write('''{{- $prism := dict "Values" .Values.prism "Release" .Release "Chart" (dict "Name" "prism" "AppVersion" "0.1.0") }}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: my-trainer
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      initContainers:
+        {{- include "prism.agentSidecar" (dict "root" $prism "job" "my-job") | nindent 8 }}
+      containers:
+        - name: trainer
+          image: my-trainer:1
+          env: {{- include "prism.trainerEnv" $prism | nindent 12 }}
+          volumeMounts: {{- include "prism.trainerVolumeMounts" $prism | nindent 12 }}
+      volumes:
+        {{- include "prism.agentSidecarVolumes" (dict "root" $prism "job" "my-job") | nindent 8 }}
+''')
+        p = subprocess.run([os.environ["PRISM_HELM_RENDER"], "--chart", chart, "--release", "train",
+                            "--namespace", NAMESPACE], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        objs = [d for d in yaml.safe_load_all(p.stdout) if d]
+        self.assertEqual([(o["kind"], o["metadata"]["name"]) for o in objs], [("Job", "my-trainer")])
+        pod = objs[0]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        self.assertEqual(agent["image"], "prism:0.1.0")
+        self.assertEqual(agent["args"], sidecar_args(self.EXISTING))
+        self.assertEqual(agent["securityContext"], SIDECAR_SECURITY_CONTEXT)
+        self.assertEqual(container(pod, "trainer")["env"], [{"name": "PRISM_AGENT_DIR", "value": "/run/prism"}])
+        self.assertEqual(pod["volumes"], [{"name": "prism-run", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}])
+
+    def test_notes(self):
+        path = os.path.join(SCRATCH.name, "NOTES-off.txt")
+        render("--set", "prismd.enabled=false,agent.prismd=" + self.EXISTING, "--notes", path)
+        with open(path) as f:
+            notes = f.read()
+        self.assertTrue(notes.startswith("Prism 0.1.0: prismd.enabled is false, no prismd in this release.\n"
+                                         "Agent sidecars dial %s (agent.prismd).\n" % self.EXISTING), notes)
+        self.assertNotIn("port-forward", notes)
+        self.assertNotIn("get secret", notes)
+
+
 def sidecar_args(target, token=None):
     args = ["--prismd=" + target, "--dir=/run/prism", "--metrics-listen=0.0.0.0:9470",
-            "--node=$(NODE_NAME)", "--device=auto"]
+            "--node=$(NODE_NAME)", "--device=cpu"]
     if token:
         args.append("--token-file=/etc/prism/job-token/" + token)
     return args
@@ -277,7 +435,7 @@ class RenderFull(unittest.TestCase):
                                                  "periodSeconds": 1, "failureThreshold": 60})
         self.assertEqual(agent["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "agent-metrics"})
         self.assertEqual(agent["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "agent-metrics"})
-        self.assertEqual(agent["securityContext"], SECURITY_CONTEXT)
+        self.assertEqual(agent["securityContext"], SIDECAR_SECURITY_CONTEXT)
         self.assertEqual(agent["resources"], {"requests": {"cpu": "50m", "memory": "64Mi"},
                                               "limits": {"cpu": "500m", "memory": "256Mi"}})
         self.assertEqual(agent["volumeMounts"], [
@@ -299,6 +457,45 @@ class RenderFull(unittest.TestCase):
         self.assertEqual(agent["args"], sidecar_args("dns:///prism-0.prism-headless.ml.svc:50051"))
         self.assertEqual(agent["volumeMounts"], [{"name": "prism-run", "mountPath": "/run/prism"}])
         self.assertEqual([v["name"] for v in pod["volumes"]], ["prism-run", "tmp"])
+
+    def test_sidecar_dials_container_port(self):
+        """A replica's pod DNS name resolves to the pod's IP, where no Service port mapping
+        applies: the agent dials prismd's container gRPC port 50051 whatever service.grpcPort is
+        (review finding 1)."""
+        objs, _, _, _ = render("--values", FULL, "--set", "service.grpcPort=443,service.httpPort=80")
+        o = by_kind_name(objs)
+        pod = o[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        self.assertEqual(agent["args"][0], "--prismd=dns:///prism-1.prism-headless.ml.svc:50051")
+        for name in ("prism", "prism-headless"):
+            self.assertEqual(o[("Service", name)]["spec"]["ports"], [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"},
+                {"name": "grpc", "port": 443, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}])
+        c = container(o[("StatefulSet", "prism")]["spec"]["template"]["spec"], "prismd")
+        self.assertEqual(c["ports"], PRISMD_PORTS)
+        self.assertIn("--grpc-listen=0.0.0.0:50051", c["args"])
+
+    def test_sidecar_device(self):
+        """The sidecar sees no GPU by default (it requests none): it says cpu (review finding
+        14). The trainer's class can be named (deviceClass), or a pod's resource claim shared
+        (resourceClaims) with device auto; the output is valid Kubernetes."""
+        objs, out, _, _ = render("--values", FULL, "--set", "agent.device=auto,agent.deviceClass=gpu-nvidia-h100-80gb-hbm3",
+                                 "--set", "agent.resourceClaims={gpu}")
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        agent = container(pod, "prism-agent", "initContainers")
+        self.assertEqual(agent["args"][4:], ["--device=auto", "--device-class=gpu-nvidia-h100-80gb-hbm3",
+                                             "--token-file=/etc/prism/job-token/example"])
+        self.assertEqual(agent["resources"], {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                              "limits": {"cpu": "500m", "memory": "256Mi"},
+                                              "claims": [{"name": "gpu"}]})
+        if os.environ.get("PRISM_NODE"):
+            p = run_node(write("device.yaml", out))
+            self.assertEqual(p.returncode, 0)
+        for bad, err in (("agent.device=gpu", '- agent.device: does not match pattern "^(auto|cpu|[0-9]+)$", given "gpu"'),
+                         ("agent.deviceClass=a b", '- agent.deviceClass: does not match pattern "^[A-Za-z0-9._-]*$", given "a b"')):
+            _, _, e, rc = render("--set", bad, check=False)
+            self.assertEqual(rc, 1)
+            self.assertIn(err, e)
 
     def test_monitoring(self):
         sm = self.o[("ServiceMonitor", "prism")]["spec"]
@@ -355,6 +552,49 @@ class ValuesRefused(unittest.TestCase):
         err = self.refused("--set", "prismd.policy.low_precision=fp4")
         self.assertIn("- prismd.policy.low_precision: must be one of int8, fp8_e4m3, fp8_e5m2, int4, given fp4", err)
 
+    def test_job_token_keys(self):
+        """A job token's key is a job id as prismd takes it (1 to 128 letters, digits, '-', '_'
+        or '.', starting with a letter or digit: also a valid Secret key and file name), and a
+        token is printable ASCII without spaces (review finding 8)."""
+        path = write("bad-tokens.yaml", yaml.safe_dump({"auth": {"jobTokens": {"tokens": {
+            "team/a": "t1", "a:b": "t2", "#x": "t3", ".hidden": "t4", "x" * 129: "t5", "ok": "has space"}}},
+            "exampleJob": {"jobId": "-j"}}))
+        err = self.refused("--values", path)
+        pattern = '"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"'
+        for key in ("team/a", "a:b", "#x", ".hidden", "x" * 129):
+            self.assertIn("- auth.jobTokens.tokens.%s: property name does not match pattern %s, given %s"
+                          % (key, pattern, json.dumps(key)), err)
+        self.assertIn('- auth.jobTokens.tokens.ok: does not match pattern "^[!-~]+$", given "has space"', err)
+        self.assertIn('- exampleJob.jobId: does not match pattern %s, given "-j"' % pattern, err)
+
+    def test_job_token_keys_quoted(self):
+        """Keys YAML would read as a boolean or a number stay the job ids they are."""
+        path = write("tokens.yaml", 'auth:\n  jobTokens:\n    tokens:\n      "true": t1\n'
+                     '      "007": t2\n      "1e3": t3\n      a.b-c_d: t4\n')
+        o = by_kind_name(render("--values", path)[0])
+        data = o[("Secret", "prism-job-tokens")]["data"]
+        self.assertEqual({k: base64.b64decode(v) for k, v in data.items()},
+                         {"true": b"t1", "007": b"t2", "1e3": b"t3", "a.b-c_d": b"t4"})
+
+    def test_agent_extra_args_chart_flags(self):
+        """agent.extraArgs cannot repeat a flag the chart sets (review finding 8)."""
+        path = write("extra.yaml", yaml.safe_dump({"agent": {"extraArgs": [
+            "--heartbeat-ms=5000", "--dir=/x", "--prismd", "--metrics-listen=0.0.0.0:1", "--node=n",
+            "--device=0", "--device-class=h100", "--directory=/ok"]}}))
+        err = self.refused("--values", path)
+        why = ("is refused (the chart sets --dir, --prismd, --metrics-listen, --node, --device and "
+               "--device-class: use agent.runDir, agent.prismd, agent.metricsPort, agent.device and "
+               "agent.deviceClass)")
+        refused = [line for line in err.splitlines() if line.startswith("- agent.extraArgs")]
+        self.assertEqual(refused, ['- agent.extraArgs[%d]: %s, given "%s"' % (i, why, a) for i, a in [
+            (1, "--dir=/x"), (2, "--prismd"), (3, "--metrics-listen=0.0.0.0:1"), (4, "--node=n"),
+            (5, "--device=0"), (6, "--device-class=h100")]])
+        objs, _, _, _ = render("--set", "exampleJob.enabled=true", "--values", write("ok.yaml", yaml.safe_dump(
+            {"agent": {"extraArgs": ["--heartbeat-ms=5000", "--log-level=debug"]}})))
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        args = container(pod, "prism-agent", "initContainers")["args"]
+        self.assertEqual(args[-2:], ["--heartbeat-ms=5000", "--log-level=debug"])
+
     def test_kube_version_checked(self):
         """The native sidecar needs Kubernetes 1.29: Chart.yaml's kubeVersion says so."""
         err = self.refused("--kube-version", "1.28.3")
@@ -406,9 +646,19 @@ class Validate(unittest.TestCase):
 
     def test_validate(self):
         files = [write("default.yaml", render()[1]), write("full.yaml", render("--values", FULL)[1])]
+        # ajv, a second draft-07 implementation, refuses what the renderer's schema check does
+        # (propertyNames and not included).
+        refuse = []
+        for i, values in enumerate([
+                {"auth": {"jobTokens": {"tokens": {"team/a": "t"}}}},
+                {"auth": {"jobTokens": {"tokens": {"a": "has space"}}}},
+                {"agent": {"extraArgs": ["--dir=/x"]}},
+                {"agent": {"extraArgs": ["--prismd"]}},
+                {"agent": {"device": "gpu"}}]):
+            refuse += ["--refuse-values", write("refuse-%d.yaml" % i, yaml.safe_dump(values))]
         p = run_node("--schema", os.path.join(CHART, "values.schema.json"),
                      "--chart-values", os.path.join(CHART, "values.yaml"), "--values", FULL,
-                     "--refuse-values", BAD, *files)
+                     "--refuse-values", BAD, *refuse, *files)
         self.assertEqual(p.returncode, 0)
         self.assertIn("default.yaml: 5 objects checked", p.stdout)
         self.assertIn("full.yaml: 11 objects checked", p.stdout)

@@ -48,13 +48,24 @@ app.kubernetes.io/part-of: prism
 {{- if .Values.auth.admin.existingSecret -}}{{ .Values.auth.admin.existingSecretKey }}{{- else -}}admin-token{{- end -}}
 {{- end -}}
 
-{{/* The Secret holding the provisioned job tokens (one key per job id), "" when there is none. */}}
+{{/* The Secret holding the provisioned job tokens (one key per job id), "" when there is none
+(the chart's own Secret exists only with prismd.enabled). */}}
 {{- define "prism.jobTokensSecretName" -}}
 {{- if .Values.auth.jobTokens.existingSecret -}}
 {{- .Values.auth.jobTokens.existingSecret -}}
-{{- else if .Values.auth.jobTokens.tokens -}}
+{{- else if and .Values.prismd.enabled .Values.auth.jobTokens.tokens -}}
 {{- printf "%s-job-tokens" (include "prism.fullname" .) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* What the pods' checksum/secret annotation hashes: the admin Secret's name and key (or
+"-" without an admin token), the job tokens Secret's name, and auth.revision; never a token. */}}
+{{- define "prism.secretChecksum" -}}
+{{- $admin := "-" -}}
+{{- if .Values.auth.admin.enabled -}}
+{{- $admin = printf "%s/%s" (include "prism.adminSecretName" .) (include "prism.adminSecretKey" .) -}}
+{{- end -}}
+{{- printf "admin=%s jobTokens=%s revision=%v" $admin (include "prism.jobTokensSecretName" .) (int .Values.auth.revision) | sha256sum -}}
 {{- end -}}
 
 {{/* The container securityContext of every container of the chart: no privilege, no
@@ -79,8 +90,14 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* prismd's container ports (fixed: the image's and the probes'). A pod's DNS name resolves
+to the pod's IP, where no Service port mapping applies: whoever dials a replica directly uses
+these, never service.httpPort or service.grpcPort (the client Service's ports). */}}
+{{- define "prism.grpcContainerPort" -}}50051{{- end -}}
+{{- define "prism.httpContainerPort" -}}8080{{- end -}}
+
 {{/* The gRPC target of the prismd replica that serves a job, by its stable DNS name under the
-headless Service. The replica is chosen by rendezvous hashing (DESIGN 7: a consistent hash of the
+headless Service and prismd's container gRPC port. The replica is chosen by rendezvous hashing (DESIGN 7: a consistent hash of the
 job id): each replica i scores sha256("JOB/i"), and the highest score wins (hex digests of equal
 length compare as numbers). Growing prismd.replicas from n to n+1 moves only the jobs the new
 replica wins, about 1/(n+1) of them; a moved job starts afresh on its new replica.
@@ -96,7 +113,7 @@ Argument: (dict "root" $ "job" JOB_ID). */}}
 {{- $best = $score -}}
 {{- end -}}
 {{- end -}}
-{{- printf "dns:///%s-%d.%s-headless.%s.svc:%d" (include "prism.fullname" $root) $replica (include "prism.fullname" $root) $root.Release.Namespace (int $root.Values.service.grpcPort) -}}
+{{- printf "dns:///%s-%d.%s-headless.%s.svc:%s" (include "prism.fullname" $root) $replica (include "prism.fullname" $root) $root.Release.Namespace (include "prism.grpcContainerPort" $root) -}}
 {{- end -}}
 
 {{/* The prism-agent sidecar for a trainer's pod, as one item of the pod's initContainers
@@ -107,6 +124,9 @@ Job's pod from completing). Arguments (a dict):
   job      the job id, which picks the prismd replica
   tokenSecret, tokenKey  optional: a Secret key holding the job's token (--token-file)
   prismd   optional: a gRPC target overriding the replica chosen from the job id
+The target: the prismd argument, else .Values.agent.prismd (e.g. an existing prismd release's,
+for a trainer chart that sets prismd.enabled false), else the job's replica of this release
+(prism.prismdTarget).
 The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) at
 .Values.agent.runDir and gets PRISM_AGENT_DIR (prism.trainerEnv). */}}
 {{- define "prism.agentSidecar" -}}
@@ -120,11 +140,18 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
   command:
     - prism-agent
   args:
-    - --prismd={{ default (include "prism.prismdTarget" (dict "root" $root "job" $job)) .prismd }}
+    {{- $target := .prismd | default $v.prismd }}
+    {{- if not $target }}
+    {{- $target = include "prism.prismdTarget" (dict "root" $root "job" $job) }}
+    {{- end }}
+    - --prismd={{ $target }}
     - --dir={{ $v.runDir }}
     - --metrics-listen=0.0.0.0:{{ $v.metricsPort }}
     - --node=$(NODE_NAME)
-    - --device=auto
+    - --device={{ $v.device }}
+    {{- with $v.deviceClass }}
+    - --device-class={{ . }}
+    {{- end }}
     {{- if .tokenSecret }}
     - --token-file=/etc/prism/job-token/{{ required "prism.agentSidecar: tokenKey is required with tokenSecret" .tokenKey }}
     {{- end }}
@@ -161,8 +188,19 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
     timeoutSeconds: 2
   resources:
     {{- toYaml $v.resources | nindent 4 }}
+    {{- with $v.resourceClaims }}
+    # The pod's resource claims the agent shares with the trainer (DRA): its GPU, to measure.
+    claims:
+      {{- range . }}
+      - name: {{ . }}
+      {{- end }}
+    {{- end }}
   securityContext:
     {{- include "prism.containerSecurityContext" $root | nindent 4 }}
+    # The image's user prism, numerically: the trainer's pod may set no runAsUser, and the
+    # kubelet refuses runAsNonRoot with a non-numeric image user.
+    runAsUser: 10001
+    runAsGroup: 10001
   volumeMounts:
     - name: prism-run
       mountPath: {{ $v.runDir }}

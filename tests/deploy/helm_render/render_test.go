@@ -77,11 +77,17 @@ func TestSchemaKeywords(t *testing.T) {
 			"list":  map[string]interface{}{"type": "array", "minItems": 1.0, "items": map[string]interface{}{"type": "boolean"}},
 			"ratio": map[string]interface{}{"type": "number", "exclusiveMinimum": 0.0},
 			"map":   map[string]interface{}{"type": "object", "additionalProperties": map[string]interface{}{"type": "string"}},
+			"ids": map[string]interface{}{"type": "object",
+				"propertyNames": map[string]interface{}{"pattern": "^[a-z]+$", "maxLength": 4.0}},
+			"args": map[string]interface{}{"type": "array", "items": map[string]interface{}{"type": "string",
+				"not": map[string]interface{}{"pattern": "^--dir(=|$)", "description": "the chart sets --dir"}}},
 		},
 	}
 	values := map[string]interface{}{
 		"port": 70000.0, "mode": "c", "name": "Abcd", "list": []interface{}{true, "no"},
 		"ratio": 0.0, "map": map[string]interface{}{"k": 1.0}, "extra": 1.0,
+		"ids":  map[string]interface{}{"ok": "x", "a:b": "y", "abcde": "z"},
+		"args": []interface{}{"--dir=/x", "--directory=/y", "--dir"},
 	}
 	got, err := checkValues(schema, values)
 	if err != nil {
@@ -89,7 +95,11 @@ func TestSchemaKeywords(t *testing.T) {
 	}
 	want := []string{
 		`(root): missing property "need"`,
+		`args[0]: is refused (the chart sets --dir), given "--dir=/x"`,
+		`args[2]: is refused (the chart sets --dir), given "--dir"`,
 		`extra: additional property "extra" is not allowed`,
+		`ids.a:b: property name does not match pattern "^[a-z]+$", given "a:b"`,
+		`ids.abcde: property name must be at most 4 characters long`,
 		`list[1]: invalid type: expected boolean, given string`,
 		`map.k: invalid type: expected string, given integer`,
 		`mode: must be one of a, b, given c`,

@@ -18,6 +18,7 @@ var schemaKeywords = map[string]bool{
 	"additionalProperties": true, "required": true, "enum": true, "minimum": true,
 	"maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true, "minLength": true,
 	"maxLength": true, "pattern": true, "items": true, "minItems": true, "maxItems": true,
+	"propertyNames": true, "not": true,
 }
 
 type schemaChecker struct {
@@ -161,6 +162,20 @@ func (c *schemaChecker) check(s map[string]interface{}, v interface{}, path stri
 			c.fail(path, "must be less than %v, given %v", m, n)
 		}
 	}
+	if not, ok := s["not"].(map[string]interface{}); ok {
+		// Valid against "not" is the violation; the sub-schema's description says why.
+		sub := &schemaChecker{root: c.root}
+		if err := sub.check(not, v, path); err != nil {
+			return err
+		}
+		if len(sub.errors) == 0 {
+			why, _ := not["description"].(string)
+			if why == "" {
+				why = "it matches the schema of \"not\""
+			}
+			c.fail(path, "is refused (%s), given %s", why, quoteValue(v))
+		}
+	}
 	if str, ok := v.(string); ok {
 		runes := float64(len([]rune(str)))
 		if m, ok := s["minLength"].(float64); ok && runes < m {
@@ -202,6 +217,23 @@ func (c *schemaChecker) check(s map[string]interface{}, v interface{}, path stri
 				}
 			}
 		}
+		if names, ok := s["propertyNames"].(map[string]interface{}); ok {
+			// Each key checked as a string; a violation names the key's path.
+			keys := make([]string, 0, len(obj))
+			for k := range obj {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				sub := &schemaChecker{root: c.root}
+				if err := sub.check(names, k, ""); err != nil {
+					return err
+				}
+				for _, e := range sub.errors {
+					c.fail(pathJoin(path, k), "property name %s", strings.TrimPrefix(e, "(root): "))
+				}
+			}
+		}
 		props, _ := s["properties"].(map[string]interface{})
 		keys := make([]string, 0, len(obj))
 		for k := range obj {
@@ -228,6 +260,14 @@ func (c *schemaChecker) check(s map[string]interface{}, v interface{}, path stri
 		}
 	}
 	return nil
+}
+
+// quoteValue writes a string quoted and anything else as fmt's %v.
+func quoteValue(v interface{}) string {
+	if str, ok := v.(string); ok {
+		return fmt.Sprintf("%q", str)
+	}
+	return fmt.Sprintf("%v", v)
 }
 
 // resolve follows a local reference "#/definitions/NAME" (the only kind supported).
