@@ -97,6 +97,7 @@ EMPTY_BY_NATURE = {
     "PrismStoreErrors": "prismd's store takes every write: prism_store_errors_total stays 0",
     "PrismMapNotApplied": "both ranks ack each new map within a step and switch at its effective step",
     "PrismJobDecisionsStopped": "the job's last decision is seconds old, not 30 minutes",
+    "PrismJobNoDecision": "the job has decided (the test waits for its first map): its last decision time is not 0",
 }
 # Entries of EMPTY_BY_NATURE that a healthy job can make true for a moment (between a new map and
 # every rank's Ack, say): empty or not at T, either is accepted; their selectors are still checked.
