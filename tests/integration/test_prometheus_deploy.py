@@ -31,7 +31,10 @@ EMPTY_BY_NATURE (an error counter that stays zero, an alert that must not fire i
 setup), each with its reason. Those must return no series (unless also in CAN_BLINK), and every
 metric selector in them must still select a series, so that an alert is quiet because nothing is
 wrong and not because it watches a metric or scrape job that is not there; an entry that names no
-expression or rule fails the test too. For an expression that fails, the test prints its file,
+expression or rule fails the test too. A result whose every sample is NaN (0/0, a quantile of a
+histogram that observed nothing) is no number to draw and counts as no series, unless the
+expression is in NAN_BY_NATURE, with its reason: those must return series, every one NaN (unless
+also in CAN_BLINK, where numbers are accepted too). For an expression that fails, the test prints its file,
 panel or rule, the query after substitution, Prometheus's error or which of its selectors select
 nothing. Every rule must also be loaded and evaluated healthy (/api/v1/rules: health "ok", no
 lastError).
@@ -97,10 +100,38 @@ EMPTY_BY_NATURE = {
     "PrismStoreErrors": "prismd's store takes every write: prism_store_errors_total stays 0",
     "PrismMapNotApplied": "both ranks ack each new map within a step and switch at its effective step",
     "PrismJobDecisionsStopped": "the job's last decision is seconds old, not 30 minutes",
+    "PrismJobNoDecision": "the job has decided (the test waits for its first map): its last decision time is not 0",
+}
+# Expressions (as written, whitespace aside) and rules whose every sample is NaN in this setup, and
+# why. A NaN-only result counts as no series unless listed here; each listed one must return series,
+# all NaN (but those in CAN_BLINK, which may return numbers too).
+_ALLREDUCE_NAN = ("0/0: the demo's trainers are Python (torch's gloo all-reduce) and libprism.so carries no "
+                  "collectives, so the all-reduce byte counters stay 0")
+_MAP_LAG_NAN = ("a quantile of no observation: prismd decides the job's one map before the scrapes the test waits "
+                "for (the demo's later decisions keep it), so no map reaches a trainer within $__rate_interval of T; "
+                "a number when T falls within it")
+NAN_BY_NATURE = {
+    # prism-rules.yml's all-reduce byte ratio, and the agents dashboard's "All-reduce speed-up (byte ratio)".
+    "instance_format:prism_agent_trainer_allreduce_bf16_per_wire_bytes:ratio_rate5m": _ALLREDUCE_NAN,
+    'sum by (job, instance, format) (rate(prism_agent_trainer_allreduce_bf16_bytes_total{instance=~"$instance"}'
+    '[$__rate_interval])) / sum by (job, instance, format) (rate(prism_agent_trainer_allreduce_wire_bytes_total'
+    '{instance=~"$instance"}[$__rate_interval])) * on (job, instance) group_left (node, rank, exported_job) '
+    'prism_agent_info{instance=~"$instance"}': _ALLREDUCE_NAN,
+    'instance_format:prism_agent_trainer_allreduce_bf16_per_wire_bytes:ratio_rate5m{instance=~"$instance"} * on '
+    '(job, instance) group_left (node, rank, exported_job) prism_agent_info{instance=~"$instance"}': _ALLREDUCE_NAN,
+    # The agents dashboard's "Map apply lag", the job dashboard's "Map apply lag (trainers)" (p50, p99).
+    'histogram_quantile(0.99, sum by (job, instance, le) (rate(prism_agent_trainer_map_apply_lag_seconds_bucket'
+    '{instance=~"$instance"}[$__rate_interval]))) * on (job, instance) group_left (node, rank, exported_job) '
+    'prism_agent_info{instance=~"$instance"}': _MAP_LAG_NAN,
+    'histogram_quantile(0.5, sum by (le) (rate(prism_agent_trainer_map_apply_lag_seconds_bucket[$__rate_interval]) '
+    '* on (job, instance) group_left () prism_agent_info{exported_job="$job"}))': _MAP_LAG_NAN,
+    'histogram_quantile(0.99, sum by (le) (rate(prism_agent_trainer_map_apply_lag_seconds_bucket[$__rate_interval]) '
+    '* on (job, instance) group_left () prism_agent_info{exported_job="$job"}))': _MAP_LAG_NAN,
 }
 # Entries of EMPTY_BY_NATURE that a healthy job can make true for a moment (between a new map and
 # every rank's Ack, say): empty or not at T, either is accepted; their selectors are still checked.
-CAN_BLINK = {"PrismMapNotApplied"}
+# Entries of NAN_BY_NATURE here may be numbers or NaN at T, either accepted (they still need series).
+CAN_BLINK = {"PrismMapNotApplied"} | {k for k, why in NAN_BY_NATURE.items() if why is _MAP_LAG_NAN}
 
 
 def log(msg):
@@ -432,6 +463,20 @@ class PromError(Exception):
     pass
 
 
+def is_nan(value):
+    """Whether a sample value as Prometheus's API writes it (a string) is NaN."""
+    return value == "NaN"
+
+
+def nan_only(rtype, result):
+    """Whether an instant query's answer has samples and every one is NaN."""
+    if rtype == "vector":
+        return bool(result) and all(is_nan(x["value"][1]) for x in result)
+    if rtype == "scalar":
+        return is_nan(result[1])
+    return False
+
+
 def sample(rtype, result):
     """ "  (first: VALUE)" of an instant query's answer, for the log; "" when it has none."""
     if rtype == "vector" and result:
@@ -585,36 +630,63 @@ class PrometheusDeployTest(unittest.TestCase):
         # Every expression, at T.
         used = set()
         for e in exprs:
-            keys = [k for k in e.keys() if k in EMPTY_BY_NATURE]
-            used.update(keys)
-            empty_reason = EMPTY_BY_NATURE[keys[0]] if keys else None
-            where = f"{os.path.relpath(e.file, DEPLOY)}: {e.what}"
-            try:
-                rtype, result = s.query(e.query, at)
-            except PromError as err:
-                problems.append(f"{where}\n    query: {e.query}\n    error: {err}")
-                continue
-            n = len(result) if rtype in ("vector", "matrix") else 1
-            log(f"{n:4d} series  {where}{sample(rtype, result)}")
-            if empty_reason is None and n == 0:
-                problems.append(f"{where}\n    query: {e.query}\n    error: no series{self.dead_selectors(s, e, at)} "
-                                f"(if it is empty by nature, list it in EMPTY_BY_NATURE with the reason)")
-            elif empty_reason is not None:
-                dead = self.dead_selectors(s, e, at)
-                if dead:
-                    problems.append(f"{where}\n    query: {e.query}\n    error: listed in EMPTY_BY_NATURE "
-                                    f"({empty_reason}), but it is empty for another reason{dead}")
-                elif n != 0 and not set(keys) & CAN_BLINK:
-                    problems.append(f"{where}\n    query: {e.query}\n    error: {n} series, yet EMPTY_BY_NATURE says "
-                                    f"it is empty: {empty_reason}\n    {json.dumps(result)[:800]}")
+            problems.extend(self.check_expr(s, e, at, used))
         for k in EMPTY_BY_NATURE:
             if k not in used:
                 problems.append(f"EMPTY_BY_NATURE names {k!r}, which no dashboard expression or rule is")
-        for k in CAN_BLINK - set(EMPTY_BY_NATURE):
-            problems.append(f"CAN_BLINK names {k!r}, which EMPTY_BY_NATURE does not")
+        for k in NAN_BY_NATURE:
+            if k not in used:
+                problems.append(f"NAN_BY_NATURE names {k!r}, which no dashboard expression or rule is")
+        for k in set(EMPTY_BY_NATURE) & set(NAN_BY_NATURE):
+            problems.append(f"{k!r} is in both EMPTY_BY_NATURE and NAN_BY_NATURE")
+        for k in CAN_BLINK - set(EMPTY_BY_NATURE) - set(NAN_BY_NATURE):
+            problems.append(f"CAN_BLINK names {k!r}, which neither EMPTY_BY_NATURE nor NAN_BY_NATURE does")
         if problems:
             self.fail(f"{len(problems)} of the dashboards' and rules' checks failed:\n\n" + "\n\n".join(problems))
         log(f"{len(exprs)} expressions checked in {len(boards)} dashboards and {len(rules)} rule files")
+
+    def check_expr(self, s, e, at, used):
+        """The problems of one expression at T: it must parse and return a series that is a number,
+        but as EMPTY_BY_NATURE and NAN_BY_NATURE allow. The keys of those it matches go into used."""
+        empty_keys = [k for k in e.keys() if k in EMPTY_BY_NATURE]
+        nan_keys = [k for k in e.keys() if k in NAN_BY_NATURE]
+        used.update(empty_keys + nan_keys)
+        blinks = bool(set(empty_keys + nan_keys) & CAN_BLINK)
+        where = f"{os.path.relpath(e.file, DEPLOY)}: {e.what}"
+        try:
+            rtype, result = s.query(e.query, at)
+        except PromError as err:
+            return [f"{where}\n    query: {e.query}\n    error: {err}"]
+        n = len(result) if rtype in ("vector", "matrix") else 1
+        nan = nan_only(rtype, result)
+        log(f"{n:4d} series  {where}{sample(rtype, result)}{'  (all NaN)' if nan else ''}")
+        if nan_keys:
+            reason = NAN_BY_NATURE[nan_keys[0]]
+            if n == 0:
+                return [f"{where}\n    query: {e.query}\n    error: no series{self.dead_selectors(s, e, at)}, yet "
+                        f"NAN_BY_NATURE says it returns NaN: {reason}"]
+            if not nan and not blinks:
+                return [f"{where}\n    query: {e.query}\n    error: a number, yet NAN_BY_NATURE says it is NaN: "
+                        f"{reason}\n    {json.dumps(result)[:800]}"]
+            return []
+        if nan:
+            n = 0  # NaN everywhere: nothing to draw or to alert on, as good as no series
+        if not empty_keys:
+            if n == 0:
+                what = "every sample is NaN" if nan else "no series"
+                return [f"{where}\n    query: {e.query}\n    error: {what}{self.dead_selectors(s, e, at)} (if it "
+                        f"is empty by nature, list it in EMPTY_BY_NATURE with the reason; NaN by nature, in "
+                        f"NAN_BY_NATURE)" + (f"\n    {json.dumps(result)[:800]}" if nan else "")]
+            return []
+        reason = EMPTY_BY_NATURE[empty_keys[0]]
+        dead = self.dead_selectors(s, e, at)
+        if dead:
+            return [f"{where}\n    query: {e.query}\n    error: listed in EMPTY_BY_NATURE ({reason}), but it is "
+                    f"empty for another reason{dead}"]
+        if n != 0 and not blinks:
+            return [f"{where}\n    query: {e.query}\n    error: {n} series, yet EMPTY_BY_NATURE says it is empty: "
+                    f"{reason}\n    {json.dumps(result)[:800]}"]
+        return []
 
     def dead_selectors(self, s, e, at):
         """": selector X matches no series, ..." for each selector of e's query that selects
@@ -754,6 +826,14 @@ class HelpersTest(unittest.TestCase):
         self.assertEqual(grafana_intervals({"time": {"from": "now-15m"}})["__rate_interval"], "4s")  # 1s + 1s < 4 x 1s
         self.assertEqual(grafana_intervals({"time": {"from": "now-6h"}})["__interval"], "20s")
         self.assertEqual(grafana_intervals({})["__range"], "3600s")
+
+    def test_nan_only(self):
+        self.assertTrue(nan_only("vector", [{"metric": {}, "value": [1, "NaN"]}, {"metric": {"a": "b"}, "value": [1, "NaN"]}]))
+        self.assertFalse(nan_only("vector", [{"metric": {}, "value": [1, "NaN"]}, {"metric": {"a": "b"}, "value": [1, "0"]}]))
+        self.assertFalse(nan_only("vector", []))
+        self.assertFalse(nan_only("vector", [{"metric": {}, "value": [1, "+Inf"]}]))
+        self.assertTrue(nan_only("scalar", [1, "NaN"]))
+        self.assertFalse(nan_only("scalar", [1, "2.5"]))
 
     def test_parse_time(self):
         self.assertEqual(parse_time("1971-01-01T00:00:01.5Z"), 365 * 86400 + 1.5)
