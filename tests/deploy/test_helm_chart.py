@@ -491,6 +491,15 @@ class RenderFull(unittest.TestCase):
         if os.environ.get("PRISM_NODE"):
             p = run_node(write("device.yaml", out))
             self.assertEqual(p.returncode, 0)
+        # No requests or limits (null deletes them, as in Helm), only the claim: still one valid
+        # resources map.
+        objs, out, _, _ = render("--values", FULL, "--values",
+                                 write("claims-only.yaml", "agent:\n  resources: null\n  resourceClaims: [gpu]\n"))
+        pod = by_kind_name(objs)[("Job", "prism-example-trainer")]["spec"]["template"]["spec"]
+        self.assertEqual(container(pod, "prism-agent", "initContainers")["resources"], {"claims": [{"name": "gpu"}]})
+        if os.environ.get("PRISM_NODE"):
+            p = run_node(write("claims-only-out.yaml", out))
+            self.assertEqual(p.returncode, 0)
         for bad, err in (("agent.device=gpu", '- agent.device: does not match pattern "^(auto|cpu|[0-9]+)$", given "gpu"'),
                          ("agent.deviceClass=a b", '- agent.deviceClass: does not match pattern "^[A-Za-z0-9._-]*$", given "a b"')):
             _, _, e, rc = render("--set", bad, check=False)

@@ -186,15 +186,18 @@ The trainer container mounts the volume "prism-run" (prism.agentSidecarVolumes) 
       port: agent-metrics
     periodSeconds: 5
     timeoutSeconds: 2
+  {{- /* The pod's resource claims the agent shares with the trainer (DRA): its GPU, to
+  measure. Built as one map so that empty resources and claims still render valid YAML. */}}
+  {{- $resources := deepCopy (default (dict) $v.resources) }}
+  {{- with $v.resourceClaims }}
+  {{- $claims := list }}
+  {{- range . }}
+  {{- $claims = append $claims (dict "name" .) }}
+  {{- end }}
+  {{- $_ := set $resources "claims" $claims }}
+  {{- end }}
   resources:
-    {{- toYaml $v.resources | nindent 4 }}
-    {{- with $v.resourceClaims }}
-    # The pod's resource claims the agent shares with the trainer (DRA): its GPU, to measure.
-    claims:
-      {{- range . }}
-      - name: {{ . }}
-      {{- end }}
-    {{- end }}
+    {{- toYaml $resources | nindent 4 }}
   securityContext:
     {{- include "prism.containerSecurityContext" $root | nindent 4 }}
     # The image's user prism, numerically: the trainer's pod may set no runAsUser, and the
