@@ -243,6 +243,16 @@ void prism_hints_close(prism_hints *t)
 
 /* ---- the agent's side --------------------------------------------------------------------- */
 
+const char *const prism_hints_drop_names[PRISM_HINTS_DROP_REASONS] = {
+    [PRISM_HINTS_DROP_NO_AGENT] = "no_agent",
+    [PRISM_HINTS_DROP_AGENT_BUSY] = "agent_busy",
+    [PRISM_HINTS_DROP_CONNECTION_LOST] = "connection_lost",
+    [PRISM_HINTS_DROP_STATS_PENDING] = "stats_pending",
+    [PRISM_HINTS_DROP_STATS_FAILED] = "stats_failed",
+    [PRISM_HINTS_DROP_TOO_BIG] = "too_big",
+    [PRISM_HINTS_DROP_NO_MEMORY] = "no_memory",
+};
+
 const uint64_t prism_hints_lag_edges_ns[PRISM_HINTS_LAG_EDGES] = {
     1000000ull, 10000000ull, 100000000ull, 500000000ull, 1000000000ull, 2000000000ull,
     5000000000ull, 10000000000ull, 30000000000ull, 60000000000ull, 300000000000ull,

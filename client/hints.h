@@ -79,13 +79,23 @@ typedef struct prism_runtime_hints {
     double vram_pressure_threshold;
 } prism_runtime_hints;
 
-/* Why the trainer's libprism dropped a report (prism_hints_trainer_ext.dropped). */
+/* Why the trainer's libprism dropped a report (prism_hints_trainer_ext.dropped). Every drop has
+ * one: the reasons add up to reports_dropped. The agent exports them under these names
+ * (prism_hints_drop_names). Values never change meaning; new reasons go before
+ * PRISM_HINTS_DROP_REASONS while the extension is unreleased. */
 typedef enum prism_hints_drop {
     PRISM_HINTS_DROP_NO_AGENT = 0,        /* no connection to the agent */
     PRISM_HINTS_DROP_AGENT_BUSY = 1,      /* the socket was full: the agent is not reading */
     PRISM_HINTS_DROP_CONNECTION_LOST = 2, /* in flight (half-written) when the connection ended */
-    PRISM_HINTS_DROP_REASONS = 3
+    PRISM_HINTS_DROP_STATS_PENDING = 3,   /* the GPU had not finished the previous report's statistics */
+    PRISM_HINTS_DROP_STATS_FAILED = 4,    /* the statistics pass failed (a kernel, its buffers, the copy back) */
+    PRISM_HINTS_DROP_TOO_BIG = 5,         /* the report is larger than a frame (PRISM_LOCAL_MAX_FRAME) */
+    PRISM_HINTS_DROP_NO_MEMORY = 6,       /* no memory for the report's frame */
+    PRISM_HINTS_DROP_REASONS = 7
 } prism_hints_drop;
+
+/* The reasons' names on /metrics (prism_agent_trainer_reports_dropped_total{reason}), by value. */
+extern const char *const prism_hints_drop_names[PRISM_HINTS_DROP_REASONS];
 
 /* The map apply lag histogram: bucket i counts lags in (edge[i-1], edge[i]] (edge[-1] = -inf),
  * the last one those above the last edge. Edges in nanoseconds (prism_hints_lag_edges_ns):
@@ -159,6 +169,11 @@ _Static_assert(offsetof(prism_hints_header, seq) == 64 && offsetof(prism_hints_h
                    offsetof(prism_hints_header, reports_dropped) == 360 &&
                    offsetof(prism_hints_header, late_switches) == 368 && offsetof(prism_hints_header, ext) == 376,
                "the hint table's existing fields keep their offsets");
+/* The extension (counters_published 2) and the slots' write times, as this build lays them out
+ * (tests and the agent's tests read them at these offsets). */
+_Static_assert(sizeof(prism_hints_trainer_ext) == 456 && offsetof(prism_hints_header, slot_written_ns) == 832 &&
+                   sizeof(prism_hints_header) == 896,
+               "the extension's layout");
 /* Two processes share the seqlocks: they must be plain lock-free words, not a library lock. */
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "hint table seqlocks need lock-free 64-bit atomics");
 

@@ -3,13 +3,15 @@
  * read; a line an older trainer wrote (counters_published 1, the extension zero) reads as the two
  * counters it has, and a table no trainer published in as nothing; the apply lag's bucket edges
  * are inclusive upper bounds; the client counts each report it drops under its reason (no agent,
- * the agent not reading, the connection lost with the frame in flight), times the apply lag of
- * each map that arrives while it runs (and no other), and publishes the block transfer engine's
+ * the agent not reading, the connection lost with the frame in flight, a failed statistics pass;
+ * every reason named as the agent exports it), times the apply lag of each map that arrives while
+ * it runs (and no other), and publishes the block transfer engine's
  * totals by precision. A scratch directory; the "agent" is a listening socket of the test's own
  * that reads nothing, and the hint table's writer side. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include "client_ext.h"
 #include "hints.h"
 #include "local.h"
 #include "prism/client.h"
@@ -89,6 +91,10 @@ static void test_a_whole_line_reads_back_and_keeps_the_old_offsets(void)
     CU_ASSERT_EQUAL(raw_u64(&agent, 360), line.reports_dropped);
     CU_ASSERT_EQUAL(raw_u64(&agent, 368), line.late_switches);
     CU_ASSERT_EQUAL(raw_u64(&agent, 376), line.ext.reports_sent);
+    /* The extension as this build lays it out (test_trainer_metrics.py writes it there). */
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
+        CU_ASSERT_EQUAL(raw_u64(&agent, 384 + 8 * r), line.ext.dropped[r]);
+    CU_ASSERT_EQUAL(raw_u64(&agent, 376 + 456 - 8), line.ext.allreduce_ns[PRISM_PRECISION_COUNT - 1]);
     uint64_t v = 0, s = 0;
     CU_ASSERT_TRUE(prism_hints_read_applied(&agent, &v, &s));
     CU_ASSERT_EQUAL(v, line.applied_version);
@@ -274,6 +280,46 @@ static void test_drops_are_counted_by_reason_and_published(void)
     prism_hints_close(&agent);
 }
 
+/* Every drop has a reason the agent exports under a fixed name: the names, the reasons a failed
+ * framing maps to (a report over a frame cannot be made with the block limit, 64 bytes at most a
+ * block: the mapping is checked here), and a statistics pass the CPU kernels refuse, counted as
+ * stats_failed with the reasons adding up to the total. */
+static void test_every_drop_has_a_named_reason(void)
+{
+    static const char *const want[PRISM_HINTS_DROP_REASONS] = {
+        "no_agent", "agent_busy", "connection_lost", "stats_pending", "stats_failed", "too_big", "no_memory",
+    };
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
+        CU_ASSERT_STRING_EQUAL(prism_hints_drop_names[r], want[r]);
+    CU_ASSERT_EQUAL(prism_client_send_drop_reason(PRISM_ERR_LIMIT), PRISM_HINTS_DROP_TOO_BIG);
+    CU_ASSERT_EQUAL(prism_client_send_drop_reason(PRISM_ERR_NOMEM), PRISM_HINTS_DROP_NO_MEMORY);
+
+    const char *dir = fresh_dir();
+    prism_hints agent;
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&agent, hints_in(dir), 16, &err), PRISM_OK);
+    int lfd = listen_at(dir); /* connected: the report gets as far as its statistics */
+    prism_client *c = open_client(dir);
+    static float grads[2][32];
+    const prism_tensor tensors[2] = {{grads[0], 32, PRISM_DTYPE_F32}, {grads[1], 32, PRISM_DTYPE_F32}};
+    const size_t bad_start[3] = {1, 1, 2}; /* the kernels refuse: block_start[0] is not 0 */
+    CU_ASSERT_EQUAL(prism_client_report_step_cpu(c, 1, NULL, tensors, bad_start, NULL, 2, &err), PRISM_ERR_INVALID);
+    const size_t start[3] = {0, 1, 2}; /* one tensor a block */
+    CU_ASSERT_EQUAL(prism_client_report_step_cpu(c, 2, NULL, tensors, start, NULL, 2, &err), PRISM_OK);
+    prism_client_begin_step(c, 3);
+    prism_hints_trainer line = read_line(&agent);
+    CU_ASSERT_EQUAL(line.reports_dropped, 1);
+    uint64_t by_reason = 0;
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++) {
+        CU_ASSERT_EQUAL(line.ext.dropped[r], r == PRISM_HINTS_DROP_STATS_FAILED ? 1u : 0u);
+        by_reason += line.ext.dropped[r];
+    }
+    CU_ASSERT_EQUAL(by_reason, line.reports_dropped);
+    prism_client_close(c);
+    close(lfd);
+    prism_hints_close(&agent);
+}
+
 static void test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs(void)
 {
     const char *dir = fresh_dir();
@@ -374,6 +420,7 @@ int main(int argc, char **argv)
         {"the_apply_lag_bucket_edges_are_inclusive_upper_bounds",
          test_the_apply_lag_bucket_edges_are_inclusive_upper_bounds},
         {"drops_are_counted_by_reason_and_published", test_drops_are_counted_by_reason_and_published},
+        {"every_drop_has_a_named_reason", test_every_drop_has_a_named_reason},
         {"apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs",
          test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs},
         {"block_transfers_are_published_by_precision", test_block_transfers_are_published_by_precision},
