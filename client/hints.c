@@ -382,7 +382,8 @@ prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint6
     sl->decided_step = decided_step;
     sl->effective_step = effective_step;
     sl->n_blocks = n_blocks;
-    h->slot_written_ns[slot] = now_ns();
+    h->slot_written[slot].map_version = map_version;
+    h->slot_written[slot].ns = now_ns();
     atomic_signal_fence(memory_order_seq_cst);
     sl->map_version = map_version;
     write_end(&h->seq);
@@ -443,7 +444,9 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
             v.decided_step = sl->decided_step;
             v.effective_step = sl->effective_step;
             v.n_blocks = sl->n_blocks;
-            v.written_ns = h->slot_written_ns[use];
+            /* A stamp for another version is an older agent's rewrite of the slot: not timed. */
+            if (h->slot_written[use].map_version == sl->map_version)
+                v.written_ns = h->slot_written[use].ns;
             /* A torn read may give any count: never copy past the slot or the caller's array. */
             copied = v.n_blocks < cap ? v.n_blocks : cap;
             if (copied > h->max_blocks)

@@ -5,7 +5,8 @@
  * are inclusive upper bounds; the client counts each report it drops under its reason (no agent,
  * the agent not reading, the connection lost with the frame in flight, a failed statistics pass;
  * every reason named as the agent exports it), times the apply lag of each map that arrives while
- * it runs (and no other), and publishes the block transfer engine's
+ * it runs (and no other: not a map an older agent wrote into a slot stamped for another version),
+ * and publishes the block transfer engine's
  * totals by precision. A scratch directory; the "agent" is a listening socket of the test's own
  * that reads nothing, and the hint table's writer side. */
 #define _GNU_SOURCE
@@ -17,6 +18,7 @@
 #include "prism/client.h"
 #include "prism/transfer.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -320,6 +322,32 @@ static void test_every_drop_has_a_named_reason(void)
     prism_hints_close(&agent);
 }
 
+/* A map as an agent of an earlier build writes it into `slot`: the slot's fields under the
+ * seqlock, version last, and nothing of the write times. */
+static void old_agent_writes(prism_hints *t, unsigned slot, uint64_t version, uint64_t decided, uint64_t effective,
+                             const uint8_t *precisions, uint32_t n)
+{
+    prism_hints_header *h = t->h;
+    uint64_t seq = atomic_load(&h->seq);
+    atomic_store(&h->seq, seq + 1);
+    h->slots[slot].map_version = 0;
+    memcpy(t->precisions + (size_t)slot * h->max_blocks, precisions, n);
+    h->slots[slot].decided_step = decided;
+    h->slots[slot].effective_step = effective;
+    h->slots[slot].n_blocks = n;
+    h->slots[slot].map_version = version;
+    atomic_store(&h->seq, seq + 2);
+}
+
+static unsigned slot_of(const prism_hints *t, uint64_t version)
+{
+    for (unsigned i = 0; i < PRISM_HINTS_SLOTS; i++)
+        if (t->h->slots[i].map_version == version)
+            return i;
+    CU_FAIL_FATAL("no slot holds the version");
+    return 0;
+}
+
 static void test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs(void)
 {
     const char *dir = fresh_dir();
@@ -352,14 +380,33 @@ static void test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs(v
     }
     CU_ASSERT_EQUAL(total, 1);
 
-    /* Map 3 from an agent of an earlier build (no write time): used, not timed. */
+    /* Map 3 from an agent of an earlier build in a fresh table (no write time): used, not timed. */
     CU_ASSERT_EQUAL_FATAL(prism_hints_publish_map(&agent, 3, 4, 5, low, 2, &err), PRISM_OK);
-    memset(agent.h->slot_written_ns, 0, sizeof agent.h->slot_written_ns);
+    memset(&agent.h->slot_written[slot_of(&agent, 3)], 0, sizeof agent.h->slot_written[0]);
     CU_ASSERT_EQUAL(prism_client_begin_step(c, 5), 3);
     line = read_line(&agent);
     CU_ASSERT_EQUAL(line.ext.lag_count, 1);
     CU_ASSERT_EQUAL(line.applied_version, 3);
     CU_ASSERT_EQUAL(line.applied_step, 5);
+
+    /* An agent of an earlier build took the table over and rewrites map 2's slot with map 4: the
+     * slot keeps map 2's write time, taken after the client opened, stamped with version 2. Map 4
+     * is used and not timed from map 2's write. */
+    unsigned two = slot_of(&agent, 2);
+    CU_ASSERT_EQUAL(agent.h->slot_written[two].map_version, 2);
+    CU_ASSERT_TRUE(agent.h->slot_written[two].ns >= before);
+    old_agent_writes(&agent, two, 4, 5, 6, low, 2);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 6), 4);
+    line = read_line(&agent);
+    CU_ASSERT_EQUAL(line.applied_version, 4);
+    CU_ASSERT_EQUAL(line.ext.lag_count, 1);
+
+    /* A current agent again: its map is timed. */
+    CU_ASSERT_EQUAL_FATAL(prism_hints_publish_map(&agent, 5, 6, 7, low, 2, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(agent.h->slot_written[slot_of(&agent, 5)].map_version, 5);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 7), 5);
+    line = read_line(&agent);
+    CU_ASSERT_EQUAL(line.ext.lag_count, 2);
     prism_client_close(c);
     prism_hints_close(&agent);
 }
