@@ -77,25 +77,29 @@ static void labelled(FILE *f, const char *name, const char *help, const char *la
 }
 
 /* The trainer line's families (DESIGN 12, prism_agent_trainer_*), once the trainer published
- * it: every label value, 0 when nothing happened, so that every panel has its series. An older
- * libprism publishes only its dropped total and late switches: its drops show as reason
- * "unknown" and the other families as 0. Drops libprism did not give one of its three reasons
- * (a report too large for a frame, a failed statistics pass) are "unknown" too, so the reasons
- * always add up to the total. */
+ * it: every label value, 0 when nothing happened, so that every panel has its series. Drops are
+ * exported under libprism's reasons (prism_hints_drop_names) and "unknown", the total's rest:
+ * the whole total of an older libprism that publishes only it and late switches (its other
+ * families show as 0); for a trainer of this build, whose every drop has a reason, always 0. */
 static void render_trainer(FILE *f, const prism_hints_trainer *l)
 {
     static const char *const precisions[PRISM_PRECISION_COUNT] = {"bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4"};
     const prism_hints_trainer_ext *x = &l->ext;
     one(f, "prism_agent_trainer_reports_sent_total", "counter",
         "step reports the trainer's libprism wrote whole to this agent's socket", x->reports_sent);
-    static const char *const reasons[] = {"no_agent", "agent_busy", "connection_lost", "unknown"};
-    uint64_t dropped[4] = {x->dropped[PRISM_HINTS_DROP_NO_AGENT], x->dropped[PRISM_HINTS_DROP_AGENT_BUSY],
-                           x->dropped[PRISM_HINTS_DROP_CONNECTION_LOST], 0};
-    uint64_t attributed = dropped[0] + dropped[1] + dropped[2];
-    dropped[3] = l->reports_dropped > attributed ? l->reports_dropped - attributed : 0;
+    const char *reasons[PRISM_HINTS_DROP_REASONS + 1];
+    uint64_t dropped[PRISM_HINTS_DROP_REASONS + 1];
+    uint64_t attributed = 0;
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++) {
+        reasons[r] = prism_hints_drop_names[r];
+        dropped[r] = x->dropped[r];
+        attributed += x->dropped[r];
+    }
+    reasons[PRISM_HINTS_DROP_REASONS] = "unknown";
+    dropped[PRISM_HINTS_DROP_REASONS] = l->reports_dropped > attributed ? l->reports_dropped - attributed : 0;
     labelled(f, "prism_agent_trainer_reports_dropped_total",
              "step reports the trainer's libprism could not send to this agent, by reason", "reason", reasons,
-             dropped, 4, false);
+             dropped, PRISM_HINTS_DROP_REASONS + 1, false);
     one(f, "prism_agent_trainer_late_switches_total", "counter",
         "maps the trainer first used after their effective step", l->late_switches);
     const char *lag = "prism_agent_trainer_map_apply_lag_seconds";

@@ -801,10 +801,15 @@ prism_status prism_client_check_report(prism_client *c, const uint32_t *block_id
     return check_block_ids(c, block_ids, n, "blocks", err);
 }
 
-void prism_client_note_dropped(prism_client *c, const char *why)
+void prism_client_note_dropped(prism_client *c, prism_hints_drop reason, const char *why)
 {
-    c->n.reports_dropped++; /* none of the agent's reasons: the total's rest */
+    drop_report(c, reason);
     note_failure(c, "%s", why);
+}
+
+prism_hints_drop prism_client_send_drop_reason(prism_status s)
+{
+    return s == PRISM_ERR_LIMIT ? PRISM_HINTS_DROP_TOO_BIG : PRISM_HINTS_DROP_NO_MEMORY;
 }
 
 /* The common path of every report_step variant: arguments checked, ready_to_send said yes. */
@@ -835,7 +840,7 @@ static prism_status send_step(prism_client *c, uint64_t step, const double *loss
     msg.step_report = &report;
     prism_status s = send_message(c, &msg, FRAME_STEP, err);
     if (s != PRISM_OK && s != PRISM_ERR_UNAVAILABLE) /* UNAVAILABLE: counted with the lost frame */
-        c->n.reports_dropped++;
+        drop_report(c, prism_client_send_drop_reason(s));
     return s;
 }
 
@@ -886,7 +891,7 @@ prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const 
     s = prism_grad_stats_blocks_cpu(tensors, block_start, blocks, c->cpu_stats, err);
     if (s != PRISM_OK) {
         c->n.invalid_calls++;
-        c->n.reports_dropped++;
+        drop_report(c, PRISM_HINTS_DROP_STATS_FAILED);
         return s;
     }
     s = send_step(c, step, loss, block_ids, c->cpu_stats, blocks, err);

@@ -6,7 +6,8 @@
  * its pinned host memory, and an event. The report itself is sent by the first client call that
  * finds the event complete (cudaEventQuery: a look, never a wait): begin_step, a report, or
  * this call. One report is in flight at a time: a GPU more than a step behind the host drops the
- * newer report, counted, rather than making anyone wait. Buffers are allocated at the first call
+ * newer report, counted (reason stats_pending), rather than making anyone wait; a statistics pass
+ * that cannot be queued or fails on the GPU drops its report too (stats_failed). Buffers are allocated at the first call
  * (and again if a later call has more blocks or runs on another device); prism_client_close waits
  * for a report still in flight before it frees them, the one wait there is, outside any step. */
 #define _GNU_SOURCE
@@ -73,7 +74,7 @@ static void poll(prism_client *c, void *state)
         snprintf(why, sizeof why, "step %llu dropped: the GPU statistics failed: %s",
                  (unsigned long long)r->step, cudaGetErrorString(rc));
         cudaGetLastError(); /* reported here, once */
-        prism_client_note_dropped(c, why);
+        prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, why);
         return;
     }
     prism_error err;
@@ -119,18 +120,18 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
         char why[128];
         snprintf(why, sizeof why, "step %llu dropped: the GPU has not finished the statistics of step %llu",
                  (unsigned long long)step, (unsigned long long)r->step);
-        prism_client_note_dropped(c, why);
+        prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_PENDING, why);
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "%s", why);
     }
     int device = 0;
     PRISM_CUDA_CHECK(cudaGetDevice(&device));
     if ((s = reserve(r, blocks, device, err)) != PRISM_OK) {
         release(r);
-        prism_client_note_dropped(c, err->message);
+        prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, err->message);
         return s;
     }
     if ((s = prism_grad_stats_blocks_cuda(tensors, block_start, blocks, r->dev, stream, err)) != PRISM_OK) {
-        prism_client_note_dropped(c, err->message);
+        prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, err->message);
         return s;
     }
     cudaError_t rc = cudaMemcpyAsync(r->host, r->dev, blocks * sizeof *r->dev, cudaMemcpyDeviceToHost,
@@ -139,7 +140,7 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
         rc = cudaEventRecord(r->done, (cudaStream_t)stream);
     if (rc != cudaSuccess) {
         s = prism_cuda_error(err, rc, "queueing the statistics' copy", __FILE__, __LINE__);
-        prism_client_note_dropped(c, err->message);
+        prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, err->message);
         return s;
     }
     for (size_t b = 0; b < blocks; b++)

@@ -7,6 +7,7 @@
 #ifndef PRISM_CLIENT_CLIENT_EXT_H
 #define PRISM_CLIENT_CLIENT_EXT_H
 
+#include "hints.h"
 #include "prism/client.h"
 
 #define PRISM_CLIENT_HIDDEN __attribute__((visibility("hidden")))
@@ -25,8 +26,13 @@ PRISM_CLIENT_HIDDEN prism_client_ext *prism_client_extension(prism_client *c);
 PRISM_CLIENT_HIDDEN prism_status prism_client_check_report(prism_client *c, const uint32_t *block_ids, size_t n,
                                                            prism_error *err);
 
-/* Counts a report that was lost out of sight of the caller, with the reason kept for
- * prism_client_last_error. */
-PRISM_CLIENT_HIDDEN void prism_client_note_dropped(prism_client *c, const char *why);
+/* Counts a report dropped for `reason` (published in the hint table's trainer line), with the
+ * text `why` kept for prism_client_last_error. */
+PRISM_CLIENT_HIDDEN void prism_client_note_dropped(prism_client *c, prism_hints_drop reason, const char *why);
+
+/* The reason a report is dropped when framing it fails with status s (not
+ * PRISM_ERR_UNAVAILABLE, which is counted with the lost connection): PRISM_ERR_LIMIT too_big,
+ * anything else (PRISM_ERR_NOMEM) no_memory. */
+PRISM_CLIENT_HIDDEN prism_hints_drop prism_client_send_drop_reason(prism_status s);
 
 #endif

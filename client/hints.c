@@ -243,6 +243,16 @@ void prism_hints_close(prism_hints *t)
 
 /* ---- the agent's side --------------------------------------------------------------------- */
 
+const char *const prism_hints_drop_names[PRISM_HINTS_DROP_REASONS] = {
+    [PRISM_HINTS_DROP_NO_AGENT] = "no_agent",
+    [PRISM_HINTS_DROP_AGENT_BUSY] = "agent_busy",
+    [PRISM_HINTS_DROP_CONNECTION_LOST] = "connection_lost",
+    [PRISM_HINTS_DROP_STATS_PENDING] = "stats_pending",
+    [PRISM_HINTS_DROP_STATS_FAILED] = "stats_failed",
+    [PRISM_HINTS_DROP_TOO_BIG] = "too_big",
+    [PRISM_HINTS_DROP_NO_MEMORY] = "no_memory",
+};
+
 const uint64_t prism_hints_lag_edges_ns[PRISM_HINTS_LAG_EDGES] = {
     1000000ull, 10000000ull, 100000000ull, 500000000ull, 1000000000ull, 2000000000ull,
     5000000000ull, 10000000000ull, 30000000000ull, 60000000000ull, 300000000000ull,
@@ -372,7 +382,8 @@ prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint6
     sl->decided_step = decided_step;
     sl->effective_step = effective_step;
     sl->n_blocks = n_blocks;
-    h->slot_written_ns[slot] = now_ns();
+    h->slot_written[slot].map_version = map_version;
+    h->slot_written[slot].ns = now_ns();
     atomic_signal_fence(memory_order_seq_cst);
     sl->map_version = map_version;
     write_end(&h->seq);
@@ -433,7 +444,9 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
             v.decided_step = sl->decided_step;
             v.effective_step = sl->effective_step;
             v.n_blocks = sl->n_blocks;
-            v.written_ns = h->slot_written_ns[use];
+            /* A stamp for another version is an older agent's rewrite of the slot: not timed. */
+            if (h->slot_written[use].map_version == sl->map_version)
+                v.written_ns = h->slot_written[use].ns;
             /* A torn read may give any count: never copy past the slot or the caller's array. */
             copied = v.n_blocks < cap ? v.n_blocks : cap;
             if (copied > h->max_blocks)

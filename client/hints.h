@@ -32,8 +32,10 @@
  * precision). A trainer of this build writes the first fields too, so an older agent still reads
  * them; an older trainer's line reads as published 1 here, and a zeroed extension as zeros.
  *
- * Each slot also has the CLOCK_MONOTONIC time the agent wrote its map (slot_written_ns, agent
- * written under `seq`, 0: written by an older agent, unknown). Agent and trainer share a kernel
+ * Each slot also has the CLOCK_MONOTONIC time the agent wrote its map and the version it wrote
+ * (slot_written, agent written under `seq`). The time counts only while that version is the
+ * slot's: an older agent rewrites a slot without touching it, so the stamp of a map it did not
+ * write names another version (or is zero), and the write time is unknown. Agent and trainer share a kernel
  * (one pod), so the trainer subtracts it from its own clock at the first begin_step that uses the
  * map: the map apply lag. Every new field is in bytes an older file has as zeros, and no existing
  * field moved (the offsets are pinned below), so older agents and trainers interoperate.
@@ -79,13 +81,23 @@ typedef struct prism_runtime_hints {
     double vram_pressure_threshold;
 } prism_runtime_hints;
 
-/* Why the trainer's libprism dropped a report (prism_hints_trainer_ext.dropped). */
+/* Why the trainer's libprism dropped a report (prism_hints_trainer_ext.dropped). Every drop has
+ * one: the reasons add up to reports_dropped. The agent exports them under these names
+ * (prism_hints_drop_names). Values never change meaning; new reasons go before
+ * PRISM_HINTS_DROP_REASONS while the extension is unreleased. */
 typedef enum prism_hints_drop {
     PRISM_HINTS_DROP_NO_AGENT = 0,        /* no connection to the agent */
     PRISM_HINTS_DROP_AGENT_BUSY = 1,      /* the socket was full: the agent is not reading */
     PRISM_HINTS_DROP_CONNECTION_LOST = 2, /* in flight (half-written) when the connection ended */
-    PRISM_HINTS_DROP_REASONS = 3
+    PRISM_HINTS_DROP_STATS_PENDING = 3,   /* the GPU had not finished the previous report's statistics */
+    PRISM_HINTS_DROP_STATS_FAILED = 4,    /* the statistics pass failed (a kernel, its buffers, the copy back) */
+    PRISM_HINTS_DROP_TOO_BIG = 5,         /* the report is larger than a frame (PRISM_LOCAL_MAX_FRAME) */
+    PRISM_HINTS_DROP_NO_MEMORY = 6,       /* no memory for the report's frame */
+    PRISM_HINTS_DROP_REASONS = 7
 } prism_hints_drop;
+
+/* The reasons' names on /metrics (prism_agent_trainer_reports_dropped_total{reason}), by value. */
+extern const char *const prism_hints_drop_names[PRISM_HINTS_DROP_REASONS];
 
 /* The map apply lag histogram: bucket i counts lags in (edge[i-1], edge[i]] (edge[-1] = -inf),
  * the last one those above the last edge. Edges in nanoseconds (prism_hints_lag_edges_ns):
@@ -114,6 +126,12 @@ typedef struct prism_hints_trainer_ext {
     uint64_t allreduce_bf16_bytes[PRISM_PRECISION_COUNT];/* what a BF16 ring would have sent */
     uint64_t allreduce_ns[PRISM_PRECISION_COUNT];        /* host wall time in the calls */
 } prism_hints_trainer_ext;
+
+/* When the agent wrote a slot's map (CLOCK_MONOTONIC ns, 0 never) and which map it was. */
+typedef struct prism_hints_slot_written {
+    uint64_t map_version;
+    uint64_t ns;
+} prism_hints_slot_written;
 
 typedef struct prism_hints_header {
     uint64_t magic;
@@ -145,8 +163,10 @@ typedef struct prism_hints_header {
     uint64_t reports_dropped;     /* every drop, whatever its reason */
     uint64_t late_switches;
     prism_hints_trainer_ext ext;  /* counters_published 2 */
-    /* Agent-written under seq: when each slot's map was written (CLOCK_MONOTONIC ns; 0 unknown). */
-    _Alignas(64) uint64_t slot_written_ns[PRISM_HINTS_SLOTS];
+    /* Agent-written under seq: when each slot's map was written, stamped with the version it was
+     * written for. An older agent rewrites slots without touching these, so a stamp whose
+     * map_version is not the slot's own is stale: the write time is unknown then. */
+    _Alignas(64) prism_hints_slot_written slot_written[PRISM_HINTS_SLOTS];
 } prism_hints_header;
 
 _Static_assert(sizeof(prism_hints_header) <= PRISM_HINTS_HEADER_BYTES, "hint table header too big");
@@ -159,6 +179,11 @@ _Static_assert(offsetof(prism_hints_header, seq) == 64 && offsetof(prism_hints_h
                    offsetof(prism_hints_header, reports_dropped) == 360 &&
                    offsetof(prism_hints_header, late_switches) == 368 && offsetof(prism_hints_header, ext) == 376,
                "the hint table's existing fields keep their offsets");
+/* The extension (counters_published 2) and the slots' write times, as this build lays them out
+ * (tests and the agent's tests read them at these offsets). */
+_Static_assert(sizeof(prism_hints_trainer_ext) == 456 && offsetof(prism_hints_header, slot_written) == 832 &&
+                   sizeof(prism_hints_header) == 896,
+               "the extension's layout");
 /* Two processes share the seqlocks: they must be plain lock-free words, not a library lock. */
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "hint table seqlocks need lock-free 64-bit atomics");
 

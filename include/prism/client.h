@@ -199,8 +199,9 @@ prism_status prism_client_get_state(const prism_client *c, prism_client_state *o
 /* Every count since open. */
 typedef struct prism_client_counters {
     uint64_t reports_sent;          /* StepReports written whole */
-    uint64_t reports_dropped;       /* StepReports not sent: no agent, agent not reading, or lost
-                                       half-written with a connection */
+    uint64_t reports_dropped;       /* StepReports not sent: no agent, agent not reading, lost
+                                       half-written with a connection, the GPU statistics still
+                                       pending or failed, too big for a frame, no memory */
     uint64_t calibrations_sent;
     uint64_t calibrations_dropped;
     uint64_t hellos_sent;           /* Hellos written whole (one per connection) */

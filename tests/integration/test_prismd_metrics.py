@@ -137,8 +137,10 @@ def scrape(prismd):
 
 
 def scrape_until(prismd, what, ready):
-    """The first parsed /metrics for which ready(m) holds (snapshots follow a change within 250 ms)."""
-    return wait_for(what, lambda: (lambda m: m if ready(m) else None)(scrape(prismd)), timeout_s=20, every_s=0.025)
+    """The first parsed /metrics for which ready(m) holds (snapshots follow a change within 250 ms),
+    waited for at most the shared bound (test_grpc's WAIT_S)."""
+    return wait_for(what, lambda: (lambda m: m if ready(m) else None)(scrape(prismd)), timeout_s=tg.WAIT_S,
+                    every_s=0.025)
 
 
 def hello(agent, job, rank, world_size):
@@ -368,8 +370,23 @@ class ReadyTest(unittest.TestCase):
                 return p.http("/readyz")[0], http_get(health, "/readyz")[0], scrape(p).value("prism_ready")
 
             self.assertEqual(both(), (200, 200, 1))
-            # The lock file at the data directory's path is no longer the one prismd holds: not ready.
-            os.remove(os.path.join(p.dir, "data", "prismd.lock"))
+            # The data directory's lock file moved away (renamed, as an operator's mv does): no lock
+            # file at the path, so prismd no longer holds the directory's lock: not ready. Moved back,
+            # it is the file prismd holds again: ready.
+            lock = os.path.join(p.dir, "data", "prismd.lock")
+            moved = os.path.join(p.dir, "data", "prismd.lock.moved")
+            os.rename(lock, moved)
+            self.assertEqual(both(), (503, 503, 0))
+            doc = json.loads(p.http("/readyz")[1])
+            self.assertEqual(doc["error"]["code"], "not_ready")
+            self.assertIn("prismd.lock was removed or replaced", doc["error"]["message"])
+            os.rename(moved, lock)
+            self.assertEqual(both(), (200, 200, 1))
+            # Removed, or replaced by another file: not the one prismd holds, not ready.
+            os.remove(lock)
+            self.assertEqual(both(), (503, 503, 0))
+            with open(lock, "w") as f:
+                f.write("12345\n")
             self.assertEqual(both(), (503, 503, 0))
             self.assertEqual(json.loads(p.http("/readyz")[1])["error"]["code"], "not_ready")
         finally:

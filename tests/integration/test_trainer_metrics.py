@@ -6,7 +6,9 @@ agent; the agent stopped with SIGSTOP and its socket full; the agent killed with
 flight), comes back through a second agent, takes a map late, transfers blocks in every precision,
 and the second agent's /metrics must show every prism_agent_trainer_* family with exactly the
 values the trainer did, every label value present; then a line as an older libprism writes it
-shows its drops as reason "unknown". Loopback only; every wait is bounded; every
+shows its drops as reason "unknown", and a line with drops for every reason shows each under its
+name (those the C trainer cannot provoke here: a GPU behind or failing, a frame too big, no
+memory). Loopback only; every wait is bounded; every
 process is stopped on every path."""
 
 import json
@@ -35,7 +37,10 @@ CONFIG = {"warmup_steps": 2, "update_interval_steps": 2, "history_window": 2, "a
           "min_steps_between_switches": 0}
 PRECISIONS = ["bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4"]
 FORMATS = PRECISIONS[1:]
-REASONS = ["no_agent", "agent_busy", "connection_lost", "unknown"]
+# libprism's reasons in hints.h's order (prism_hints_drop), then the agent's "unknown".
+REASONS = ["no_agent", "agent_busy", "connection_lost", "stats_pending", "stats_failed", "too_big", "no_memory",
+           "unknown"]
+EXT_BYTES = 456  # prism_hints_trainer_ext at offset 376: reports_sent, then dropped[7], ...
 LE = ["0.001", "0.01", "0.1", "0.5", "1", "2", "5", "10", "30", "60", "300", "+Inf"]
 QUIET = [10, 10, 0.1, 0.1]  # blocks 2 and 3 much quieter: the first decision puts them low
 
@@ -235,7 +240,7 @@ class TrainerMetricsTest(unittest.TestCase):
         self.assertEqual(line["published"], 2)
         sent = 1 + (returned_ok - 1) + 5  # step 1; the fill's whole frames; agent2's five
         self.assertEqual(line["reports_sent"], sent)
-        self.assertEqual([line["dropped.%d" % i] for i in range(3)], [2, 4, 1])
+        self.assertEqual([line["dropped.%d" % i] for i in range(len(REASONS) - 1)], [2, 4, 1, 0, 0, 0, 0])
         self.assertEqual(line["reports_dropped"], 7)
         self.assertEqual(line["lag_count"], 1)
 
@@ -251,7 +256,7 @@ class TrainerMetricsTest(unittest.TestCase):
             "prism_agent_trainer_map_apply_lag_seconds_count": "1",
             "prism_agent_trainer_map_apply_lag_seconds_sum": seconds(line["lag_sum_ns"]),
         }
-        for reason, n in zip(REASONS, [2, 4, 1, 0]):
+        for reason, n in zip(REASONS, [2, 4, 1, 0, 0, 0, 0, 0]):
             want['prism_agent_trainer_reports_dropped_total{reason="%s"}' % reason] = str(n)
         cumulative = 0
         for i, le in enumerate(LE):
@@ -317,12 +322,12 @@ class TrainerMetricsTest(unittest.TestCase):
             seq = struct.unpack_from("<Q", m, 320)[0]
             struct.pack_into("<Q", m, 320, seq + 1)  # applied_seq odd: writing
             struct.pack_into("<QQQQQQ", m, 328, 1, 7, os.getpid(), 1, 5, 2)
-            m[376:376 + 424] = bytes(424)
+            m[376:376 + EXT_BYTES] = bytes(EXT_BYTES)
             struct.pack_into("<Q", m, 320, seq + 2)
             m.close()
         text = wait_for("agent2 shows the older trainer's line", lambda: (
             lambda t: t if self.sample(t, "prism_agent_trainer_map_step") == "7" else None)(self.scrape(a2)))
-        for reason, n in zip(REASONS, [0, 0, 0, 5]):
+        for reason, n in zip(REASONS, [0, 0, 0, 0, 0, 0, 0, 5]):
             self.assertEqual(self.sample(text, 'prism_agent_trainer_reports_dropped_total{reason="%s"}' % reason),
                              str(n))
         self.assertEqual(self.sample(text, "prism_agent_trainer_late_switches_total"), "2")
@@ -331,6 +336,25 @@ class TrainerMetricsTest(unittest.TestCase):
         self.assertEqual(self.sample(text, 'prism_agent_trainer_transfers_total{precision="int4"}'), "0")
         self.assertEqual(self.sample(text, 'prism_agent_trainer_allreduce_seconds_total{format="int8"}'),
                          "0.000000000")
+
+        # A line of this build with a drop count of its own for every reason (those the trainer
+        # above cannot provoke: a GPU behind or failing, a frame too big, no memory): each is
+        # exported under its name, and "unknown" is 0 since every drop has a reason.
+        by_reason = list(range(11, 11 + len(REASONS) - 1))
+        with open(os.path.join(self.shared, "prism-hints"), "r+b") as f:
+            m = mmap.mmap(f.fileno(), 1024)
+            seq = struct.unpack_from("<Q", m, 320)[0]
+            struct.pack_into("<Q", m, 320, seq + 1)
+            struct.pack_into("<QQQQQQ", m, 328, 1, 8, os.getpid(), 2, sum(by_reason), 2)
+            struct.pack_into("<Q%dQ" % len(by_reason), m, 376, 3, *by_reason)
+            struct.pack_into("<Q", m, 320, seq + 2)
+            m.close()
+        text = wait_for("agent2 shows the line with every reason", lambda: (
+            lambda t: t if self.sample(t, "prism_agent_trainer_map_step") == "8" else None)(self.scrape(a2)))
+        for reason, n in zip(REASONS, by_reason + [0]):
+            self.assertEqual(self.sample(text, 'prism_agent_trainer_reports_dropped_total{reason="%s"}' % reason),
+                             str(n), reason)
+        self.assertEqual(self.sample(text, "prism_agent_trainer_reports_sent_total"), "3")
 
 
 if __name__ == "__main__":

@@ -707,11 +707,15 @@ static void test_step_report_from_cuda_tensors_goes_out_at_a_later_call(void)
 #ifdef PRISM_CUDAEMU
 /* The paths real GPUs take only by chance: a report whose statistics the GPU has not finished is
  * not sent by a later call (cudaEventQuery says not ready), a second report meanwhile is dropped
- * and counted, and once the GPU gets there the first one goes out, whole. The emulated device's
- * stream hold is the slow GPU. */
+ * and counted (reason stats_pending in the hint table's trainer line), and once the GPU gets
+ * there the first one goes out, whole; a statistics pass the kernels refuse drops its report as
+ * stats_failed. The emulated device's stream hold is the slow GPU. */
 static void test_step_report_waits_for_a_gpu_that_is_behind(void)
 {
     const char *dir = test_dir();
+    prism_hints table;
+    prism_error terr;
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&table, path_in(dir, PRISM_LOCAL_HINTS_NAME), 16, &terr), PRISM_OK);
     int lfd = agent_listen(dir);
     prism_client *c = open_client(dir, 1000);
     register_ok(c);
@@ -756,6 +760,18 @@ static void test_step_report_waits_for_a_gpu_that_is_behind(void)
     agent_free(m);
     CU_ASSERT_EQUAL(counters(c).reports_sent, 1);
     CU_ASSERT_EQUAL(counters(c).reports_dropped, 1);
+    const size_t bad_starts[2] = {1, 1}; /* refused by the kernels: block_start[0] is not 0 */
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda(c, 10, NULL, dt, bad_starts, NULL, 1, stream, &err),
+                    PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 2);
+    prism_client_begin_step(c, 10); /* publishes the trainer line */
+    prism_hints_trainer line;
+    CU_ASSERT_TRUE_FATAL(prism_hints_read_trainer(&table, &line));
+    CU_ASSERT_EQUAL(line.reports_dropped, 2);
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
+        CU_ASSERT_EQUAL(line.ext.dropped[r],
+                        r == PRISM_HINTS_DROP_STATS_PENDING || r == PRISM_HINTS_DROP_STATS_FAILED ? 1u : 0u);
+    prism_hints_close(&table);
     cudaStreamDestroy(stream);
     cudaFree(dev);
     prism_client_close(c);

@@ -3,18 +3,22 @@
  * read; a line an older trainer wrote (counters_published 1, the extension zero) reads as the two
  * counters it has, and a table no trainer published in as nothing; the apply lag's bucket edges
  * are inclusive upper bounds; the client counts each report it drops under its reason (no agent,
- * the agent not reading, the connection lost with the frame in flight), times the apply lag of
- * each map that arrives while it runs (and no other), and publishes the block transfer engine's
+ * the agent not reading, the connection lost with the frame in flight, a failed statistics pass;
+ * every reason named as the agent exports it), times the apply lag of each map that arrives while
+ * it runs (and no other: not a map an older agent wrote into a slot stamped for another version),
+ * and publishes the block transfer engine's
  * totals by precision. A scratch directory; the "agent" is a listening socket of the test's own
  * that reads nothing, and the hint table's writer side. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include "client_ext.h"
 #include "hints.h"
 #include "local.h"
 #include "prism/client.h"
 #include "prism/transfer.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -89,6 +93,10 @@ static void test_a_whole_line_reads_back_and_keeps_the_old_offsets(void)
     CU_ASSERT_EQUAL(raw_u64(&agent, 360), line.reports_dropped);
     CU_ASSERT_EQUAL(raw_u64(&agent, 368), line.late_switches);
     CU_ASSERT_EQUAL(raw_u64(&agent, 376), line.ext.reports_sent);
+    /* The extension as this build lays it out (test_trainer_metrics.py writes it there). */
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
+        CU_ASSERT_EQUAL(raw_u64(&agent, 384 + 8 * r), line.ext.dropped[r]);
+    CU_ASSERT_EQUAL(raw_u64(&agent, 376 + 456 - 8), line.ext.allreduce_ns[PRISM_PRECISION_COUNT - 1]);
     uint64_t v = 0, s = 0;
     CU_ASSERT_TRUE(prism_hints_read_applied(&agent, &v, &s));
     CU_ASSERT_EQUAL(v, line.applied_version);
@@ -274,6 +282,72 @@ static void test_drops_are_counted_by_reason_and_published(void)
     prism_hints_close(&agent);
 }
 
+/* Every drop has a reason the agent exports under a fixed name: the names, the reasons a failed
+ * framing maps to (a report over a frame cannot be made with the block limit, 64 bytes at most a
+ * block: the mapping is checked here), and a statistics pass the CPU kernels refuse, counted as
+ * stats_failed with the reasons adding up to the total. */
+static void test_every_drop_has_a_named_reason(void)
+{
+    static const char *const want[PRISM_HINTS_DROP_REASONS] = {
+        "no_agent", "agent_busy", "connection_lost", "stats_pending", "stats_failed", "too_big", "no_memory",
+    };
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
+        CU_ASSERT_STRING_EQUAL(prism_hints_drop_names[r], want[r]);
+    CU_ASSERT_EQUAL(prism_client_send_drop_reason(PRISM_ERR_LIMIT), PRISM_HINTS_DROP_TOO_BIG);
+    CU_ASSERT_EQUAL(prism_client_send_drop_reason(PRISM_ERR_NOMEM), PRISM_HINTS_DROP_NO_MEMORY);
+
+    const char *dir = fresh_dir();
+    prism_hints agent;
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&agent, hints_in(dir), 16, &err), PRISM_OK);
+    int lfd = listen_at(dir); /* connected: the report gets as far as its statistics */
+    prism_client *c = open_client(dir);
+    static float grads[2][32];
+    const prism_tensor tensors[2] = {{grads[0], 32, PRISM_DTYPE_F32}, {grads[1], 32, PRISM_DTYPE_F32}};
+    const size_t bad_start[3] = {1, 1, 2}; /* the kernels refuse: block_start[0] is not 0 */
+    CU_ASSERT_EQUAL(prism_client_report_step_cpu(c, 1, NULL, tensors, bad_start, NULL, 2, &err), PRISM_ERR_INVALID);
+    const size_t start[3] = {0, 1, 2}; /* one tensor a block */
+    CU_ASSERT_EQUAL(prism_client_report_step_cpu(c, 2, NULL, tensors, start, NULL, 2, &err), PRISM_OK);
+    prism_client_begin_step(c, 3);
+    prism_hints_trainer line = read_line(&agent);
+    CU_ASSERT_EQUAL(line.reports_dropped, 1);
+    uint64_t by_reason = 0;
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++) {
+        CU_ASSERT_EQUAL(line.ext.dropped[r], r == PRISM_HINTS_DROP_STATS_FAILED ? 1u : 0u);
+        by_reason += line.ext.dropped[r];
+    }
+    CU_ASSERT_EQUAL(by_reason, line.reports_dropped);
+    prism_client_close(c);
+    close(lfd);
+    prism_hints_close(&agent);
+}
+
+/* A map as an agent of an earlier build writes it into `slot`: the slot's fields under the
+ * seqlock, version last, and nothing of the write times. */
+static void old_agent_writes(prism_hints *t, unsigned slot, uint64_t version, uint64_t decided, uint64_t effective,
+                             const uint8_t *precisions, uint32_t n)
+{
+    prism_hints_header *h = t->h;
+    uint64_t seq = atomic_load(&h->seq);
+    atomic_store(&h->seq, seq + 1);
+    h->slots[slot].map_version = 0;
+    memcpy(t->precisions + (size_t)slot * h->max_blocks, precisions, n);
+    h->slots[slot].decided_step = decided;
+    h->slots[slot].effective_step = effective;
+    h->slots[slot].n_blocks = n;
+    h->slots[slot].map_version = version;
+    atomic_store(&h->seq, seq + 2);
+}
+
+static unsigned slot_of(const prism_hints *t, uint64_t version)
+{
+    for (unsigned i = 0; i < PRISM_HINTS_SLOTS; i++)
+        if (t->h->slots[i].map_version == version)
+            return i;
+    CU_FAIL_FATAL("no slot holds the version");
+    return 0;
+}
+
 static void test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs(void)
 {
     const char *dir = fresh_dir();
@@ -306,14 +380,33 @@ static void test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs(v
     }
     CU_ASSERT_EQUAL(total, 1);
 
-    /* Map 3 from an agent of an earlier build (no write time): used, not timed. */
+    /* Map 3 from an agent of an earlier build in a fresh table (no write time): used, not timed. */
     CU_ASSERT_EQUAL_FATAL(prism_hints_publish_map(&agent, 3, 4, 5, low, 2, &err), PRISM_OK);
-    memset(agent.h->slot_written_ns, 0, sizeof agent.h->slot_written_ns);
+    memset(&agent.h->slot_written[slot_of(&agent, 3)], 0, sizeof agent.h->slot_written[0]);
     CU_ASSERT_EQUAL(prism_client_begin_step(c, 5), 3);
     line = read_line(&agent);
     CU_ASSERT_EQUAL(line.ext.lag_count, 1);
     CU_ASSERT_EQUAL(line.applied_version, 3);
     CU_ASSERT_EQUAL(line.applied_step, 5);
+
+    /* An agent of an earlier build took the table over and rewrites map 2's slot with map 4: the
+     * slot keeps map 2's write time, taken after the client opened, stamped with version 2. Map 4
+     * is used and not timed from map 2's write. */
+    unsigned two = slot_of(&agent, 2);
+    CU_ASSERT_EQUAL(agent.h->slot_written[two].map_version, 2);
+    CU_ASSERT_TRUE(agent.h->slot_written[two].ns >= before);
+    old_agent_writes(&agent, two, 4, 5, 6, low, 2);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 6), 4);
+    line = read_line(&agent);
+    CU_ASSERT_EQUAL(line.applied_version, 4);
+    CU_ASSERT_EQUAL(line.ext.lag_count, 1);
+
+    /* A current agent again: its map is timed. */
+    CU_ASSERT_EQUAL_FATAL(prism_hints_publish_map(&agent, 5, 6, 7, low, 2, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(agent.h->slot_written[slot_of(&agent, 5)].map_version, 5);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 7), 5);
+    line = read_line(&agent);
+    CU_ASSERT_EQUAL(line.ext.lag_count, 2);
     prism_client_close(c);
     prism_hints_close(&agent);
 }
@@ -374,6 +467,7 @@ int main(int argc, char **argv)
         {"the_apply_lag_bucket_edges_are_inclusive_upper_bounds",
          test_the_apply_lag_bucket_edges_are_inclusive_upper_bounds},
         {"drops_are_counted_by_reason_and_published", test_drops_are_counted_by_reason_and_published},
+        {"every_drop_has_a_named_reason", test_every_drop_has_a_named_reason},
         {"apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs",
          test_apply_lag_is_timed_for_maps_that_arrive_while_the_client_runs},
         {"block_transfers_are_published_by_precision", test_block_transfers_are_published_by_precision},
