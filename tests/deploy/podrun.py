@@ -50,11 +50,25 @@ POLL_S = 0.05        # between two attempts of a bounded wait
 NODE_NAME = "node-1"  # spec.nodeName of the made-up pods
 
 
+_handed_out = set()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this process has not handed out
+    before (two container ports never share one). Another process may still take it before the
+    container binds it: the tests run again on "address in use" (ADDRESS_IN_USE)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise AssertionError("no free loopback port left that was not handed out already")
+
+
+# What prismd and prism-agent log when a port they were given was taken in the meantime.
+ADDRESS_IN_USE = re.compile(r"address in use|Address already in use", re.I)
 
 
 def bounded_wait(predicate, timeout_s=WAIT_S):
