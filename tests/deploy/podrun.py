@@ -715,8 +715,9 @@ class Cluster:
 
 def trainer_script():
     """A trainer on libprism's Python binding: PRISM_AGENT_DIR and PRISM_JOB_ID from its
-    environment (as the example Job's trainer gets them), one step report per step until its
-    stdin closes or 120 s pass. Prints "connected" once a report went to the agent."""
+    environment (libprism reads them), rank and world size from PRISM_RANK and PRISM_WORLD_SIZE
+    (the test's, from the example trainer's --rank and --world); one step report per step until
+    its stdin closes or 120 s pass. Prints "connected" once a report went to the agent."""
     return r"""
 import os, select, sys
 import prism

@@ -216,7 +216,10 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
     env = dict(os.environ)
     env.update({k: trainer.map_value(v) for k, v in trainer.env.items()})
     env.update({"PRISM_AGENT_DIR": agent_dir, "PRISM_JOB_ID": job, "PRISM_LIBRARY": LIBPRISM,
-                "PYTHONPATH": os.path.join(SOURCE, "python")})
+                "PYTHONPATH": os.path.join(SOURCE, "python"),
+                # The example's rank and world size, so that its Hello is the one the trainer sends.
+                "PRISM_RANK": flag_value(targs, "--rank") or "0",
+                "PRISM_WORLD_SIZE": flag_value(targs, "--world") or "1"})
     log_path = os.path.join(pod.root, "trainer.log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-c", podrun.trainer_script()], env=env, cwd=trainer.workdir,
