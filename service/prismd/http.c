@@ -760,6 +760,13 @@ static prismd_http *http_start(prismd_server *srv, prismd_listener listener, con
      * set above it, since it splits its own evenly over its threads. The logger goes first so
      * that libmicrohttpd uses it for everything that follows; TLS
      * options last, only with TLS (MHD_OPTION_END then ends the list early). */
+    /* The health listener runs on libmicrohttpd's one internal thread: a pool size of 1 is
+     * refused with a warning (which would then stand as the start-up error), so the option is
+     * given to the main listener only. */
+    struct MHD_OptionItem pool[] = {
+        {health ? MHD_OPTION_END : MHD_OPTION_THREAD_POOL_SIZE, PRISMD_HTTP_THREADS, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
     struct MHD_OptionItem tls[] = {
         {tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, (void *)tls_cert},
         {MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key},
@@ -768,7 +775,7 @@ static prismd_http *http_start(prismd_server *srv, prismd_listener listener, con
     h->daemon = MHD_start_daemon(
         flags, port, prismd_http_guard_accept, h->guard, health ? &health_handle : &http_handle, h,
         MHD_OPTION_EXTERNAL_LOGGER, &http_log, srv, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)addr,
-        MHD_OPTION_THREAD_POOL_SIZE, health ? 1u : PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        MHD_OPTION_ARRAY, pool, MHD_OPTION_CONNECTION_LIMIT,
         max_connections * PRISMD_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)lim->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)PRISMD_HTTP_POOL_BYTES,
         MHD_OPTION_NOTIFY_COMPLETED, &http_completed, NULL, MHD_OPTION_NOTIFY_CONNECTION,

@@ -882,6 +882,38 @@ static void test_taken_port_exits_1_naming_address(void)
     prism_proc_result_free(&res);
 }
 
+/* A taken --health-listen port: exit 1 naming the address and libmicrohttpd's bind error, not
+ * a warning logged before it (the health listener once logged one about its thread pool at
+ * every start, which then stood in for the bind error). */
+static void test_taken_health_port_exits_1_naming_bind_error(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    CU_ASSERT_EQUAL(bind(fd, (struct sockaddr *)&a, len), 0);
+    CU_ASSERT_EQUAL(listen(fd, 1), 0);
+    CU_ASSERT_EQUAL(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    char health_addr[64], http_addr[64], grpc_addr[64], data_dir[4096];
+    snprintf(health_addr, sizeof health_addr, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    snprintf(http_addr, sizeof http_addr, "127.0.0.1:%u", (unsigned)free_port(AF_INET));
+    snprintf(grpc_addr, sizeof grpc_addr, "127.0.0.1:%u", (unsigned)free_port(AF_INET));
+    snprintf(data_dir, sizeof data_dir, "%s/health-port-taken", prism_scratch_dir());
+    const char *args[] = {"--health-listen", health_addr, "--http-listen", http_addr, "--grpc-listen", grpc_addr,
+                          "--data-dir", data_dir, NULL};
+    prism_proc_result res;
+    run_prismd(args, &res);
+    close(fd);
+    CU_ASSERT_EQUAL(res.exit_code, 1);
+    char expected[256];
+    snprintf(expected, sizeof expected, "level=error msg=\"cannot listen\" health=%s error=\"Failed to bind to port %u",
+             health_addr, (unsigned)ntohs(a.sin_port));
+    if (!contains(res.err, expected))
+        fprintf(stderr, "\nstderr: %s\nexpected: %s", res.err, expected);
+    CU_ASSERT_TRUE(contains(res.err, expected));
+    CU_ASSERT_FALSE(contains(res.err, "thread pool"));
+    prism_proc_result_free(&res);
+}
+
 /* SIGTERM and SIGINT both make prismd exit by itself with exit 0 (prismd_stop waits for that,
  * up to STOP_TRIES x POLL_MS, and kills it past that: -1), and the lock goes with it: a second
  * prismd can take the same data dir straight after. How fast it stops is not asserted. */
@@ -980,6 +1012,7 @@ static const prism_test_case lifecycle_cases[] = {
      test_second_prismd_on_same_data_dir_exits_1_naming_it},
     {"test_uncreatable_data_dir_exits_1_naming_it", test_uncreatable_data_dir_exits_1_naming_it},
     {"test_taken_port_exits_1_naming_address", test_taken_port_exits_1_naming_address},
+    {"test_taken_health_port_exits_1_naming_bind_error", test_taken_health_port_exits_1_naming_bind_error},
     {"test_taken_grpc_port_exits_1_naming_address", test_taken_grpc_port_exits_1_naming_address},
     {"test_stop_signals_exit_0_and_release_the_lock", test_stop_signals_exit_0_and_release_the_lock},
     {"test_logs_are_logfmt_with_requests_at_debug_only",
