@@ -658,10 +658,14 @@ class Cluster:
         return p
 
     def resolve(self, host, port, client):
-        """127.0.0.1:LOOPBACK for a Service's DNS name and port (or a StatefulSet pod's name under
-        its headless Service), through the Service's targetPort to the serving pod's container
-        port; None when host names no Service of the manifests. A Service port that leads nowhere
-        is a failure of client (the Pod asking) and resolves to a loopback port nothing serves."""
+        """127.0.0.1:LOOPBACK for a Service's DNS name and port, through the Service's targetPort to
+        the serving pod's container port; None when host names no Service of the manifests. A
+        Service port that leads nowhere is a failure of client (the Container asking) and resolves
+        to a loopback port nothing serves.
+
+        A pod's own name, POD.SERVICE.NS.svc..., is its DNS record under a headless Service: it
+        resolves to the pod's IP, so PORT is the pod's port itself, with no Service port between
+        (resolve_pod)."""
         parts = host.split(".")
         for svc in self.manifests.of_kind("Service"):
             name, ns = svc["metadata"]["name"], self.manifests.ns(svc)
@@ -675,6 +679,8 @@ class Cluster:
                 pod_name = parts[0]
             else:
                 continue
+            if pod_name:
+                return self.resolve_pod(svc, pod_name, host, port, client)
             what = "%s:%d (Service %s)" % (host, port, name)
             sport = next((p for p in svc["spec"].get("ports", []) if p["port"] == port), None)
             if sport is None:
@@ -682,8 +688,7 @@ class Cluster:
                 return "127.0.0.1:%d" % free_port()
             sel = svc["spec"].get("selector") or {}
             for pod in self.pods:
-                if (pod_name and pod.name != pod_name) or not sel or \
-                        not all(pod.labels.get(k) == v for k, v in sel.items()):
+                if not sel or not all(pod.labels.get(k) == v for k, v in sel.items()):
                     continue
                 target = sport.get("targetPort", sport["port"])
                 number = next((n for n in (port_number(c, target) for c in pod_containers(pod.spec))
@@ -694,10 +699,45 @@ class Cluster:
                     return "127.0.0.1:%d" % free_port()
                 client.resolved.append(pod)
                 return "127.0.0.1:%d" % pod.loopback(number)
-            client.failures.append("%s: %s selects no pod that runs here%s" % (
-                client.name, what, " (no pod %s)" % pod_name if pod_name else ""))
+            client.failures.append("%s: %s selects no pod that runs here" % (client.name, what))
             return "127.0.0.1:%d" % free_port()
         return None
+
+    def resolve_pod(self, svc, pod_name, host, port, client):
+        """127.0.0.1:LOOPBACK of pod_name's port `port` (the pod's IP: no Service port lookup).
+        Kubernetes gives a pod such a record only under a headless Service (clusterIP None) that
+        is its StatefulSet's spec.serviceName and selects it: anything else is a failure of client
+        and resolves to a port nothing serves. A port no container of the pod declares is one too
+        (the manifests declare every port their binaries listen on; nothing would answer there)."""
+        name = svc["metadata"]["name"]
+        what = "%s:%d (pod %s under Service %s)" % (host, port, pod_name, name)
+        nowhere = "127.0.0.1:%d" % free_port()
+        if (svc["spec"].get("clusterIP") or "") != "None":
+            client.failures.append("%s: %s: Service %s is not headless (clusterIP None): pods have no DNS "
+                                   "records under it" % (client.name, what, name))
+            return nowhere
+        sel = svc["spec"].get("selector") or {}
+        for pod in self.pods:
+            if pod.name != pod_name or pod.namespace != self.manifests.ns(svc):
+                continue
+            if pod.obj["kind"] != "StatefulSet" or pod.obj["spec"].get("serviceName") != name:
+                client.failures.append("%s: %s: %s's serviceName is %r, not %r: the pod has no DNS record "
+                                       "under it" % (client.name, what, pod.obj["metadata"]["name"],
+                                                     pod.obj["spec"].get("serviceName"), name))
+                return nowhere
+            if not sel or not all(pod.labels.get(k) == v for k, v in sel.items()):
+                client.failures.append("%s: %s: the Service does not select pod %s" % (client.name, what, pod_name))
+                return nowhere
+            declared = [p["containerPort"] for c in pod_containers(pod.spec) for p in c.get("ports", [])]
+            if port not in declared:
+                client.failures.append("%s: %s: port %d is no container port of pod %s (it has %s); a pod's "
+                                       "DNS name takes the pod's port, not a Service port" % (
+                                           client.name, what, port, pod_name, sorted(declared)))
+                return nowhere
+            client.resolved.append(pod)
+            return "127.0.0.1:%d" % pod.loopback(port)
+        client.failures.append("%s: %s: no pod %s runs here" % (client.name, what, pod_name))
+        return nowhere
 
     def check_services(self, pod):
         """Every port of every Service selecting the pod reaches a declared container port."""

@@ -19,12 +19,14 @@ PRISM_HELM_RENDER (default BUILD/tests/deploy/helm_render), PRISM_K8S_DIR (defau
 SOURCE/deploy/k8s), PRISM_KUBECTL (default kubectl). Loopback only, bounded waits, every process
 killed on every path."""
 
+import atexit
 import copy
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -275,6 +277,20 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
     return failures
 
 
+def values_file(text):
+    """A values file of text, removed when the test process ends."""
+    f = tempfile.NamedTemporaryFile("w", prefix="prism-values-", suffix=".yaml", delete=False)
+    with f:
+        f.write(text)
+    atexit.register(os.unlink, f.name)
+    return f.name
+
+
+# Client Service ports other than prismd's container ports: the agent sidecar dials a replica's pod
+# name, which takes the pod's (container) port, never the Service's.
+SERVICE_PORTS = "service:\n  httpPort: 80\n  grpcPort: 443\n"
+
+
 def prismd_of(docs):
     return podrun.Manifests(docs).find_container("prismd", "StatefulSet")[2]
 
@@ -294,6 +310,12 @@ class ChartPodsRunTest(unittest.TestCase):
         docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"))
         self.assertIsNotNone(podrun.Manifests(docs).find_container("prism-agent", "Job"),
                              "full-values.yaml renders the example trainer Job with the prism-agent sidecar")
+        self.assertEqual(run_pods(docs), [])
+
+    def test_service_ports_other_than_the_container_ports(self):
+        docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"), values_file(SERVICE_PORTS))
+        target = flag_value(agent_of(docs)["args"], "--prismd")
+        self.assertRegex(target, r"^dns:///pods-prism-\d+\.pods-prism-headless\.%s\.svc:50051$" % NAMESPACE)
         self.assertEqual(run_pods(docs), [])
 
 
@@ -379,6 +401,17 @@ class CheckerCatchesTest(unittest.TestCase):
                             p["targetPort"] = "grpcs"
         failures = self.broken(change)
         self.assertNamed(failures, "targetPort 'grpcs' is no container port of")
+
+    def test_an_agent_that_dials_a_replica_on_the_service_port(self):
+        # The old mistake: the sidecar dials a replica's pod name on the client Service's gRPC
+        # port (443 here) instead of prismd's container port; a pod's DNS name has no Service port.
+        docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"), values_file(SERVICE_PORTS))
+        args = agent_of(docs)["args"]
+        i = next(i for i, w in enumerate(args) if w.startswith("--prismd="))
+        self.assertTrue(args[i].endswith(":50051"), args[i])
+        args[i] = args[i][:-len("50051")] + "443"
+        failures = run_pods(docs, with_agent=True)
+        self.assertNamed(failures, ":443 (pod pods-prism-", "port 443 is no container port of pod pods-prism-")
 
     def test_an_agent_whose_job_token_prismd_refuses(self):
         # The sidecar's token file comes from another Secret: the agent runs, its probes answer,
