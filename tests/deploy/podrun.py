@@ -45,9 +45,15 @@ import urllib.request
 IMAGE_BIN = "/usr/local/bin/"
 # Where each binary the image installs lies in a build directory.
 BUILD_BINARIES = {"prismd": "service/prismd", "prismctl": "service/prismctl", "prism-agent": "agent/prism-agent"}
-WAIT_S = 30          # longest wait for one probe or port (readiness follows the policy thread's start)
+# Longest wait for one probe, port or connection: readiness follows the policy thread's start and an
+# agent's stream to prismd its reconnect backoff (up to ~10 s), on a loaded box and under sanitizers.
+# A wait whose outcome is settled ends before: an answer (a 404 is final), the process's exit, every
+# listener its flags name being up (a port none of them is never listened on), a refusal.
+WAIT_S = 120
 POLL_S = 0.05        # between two attempts of a bounded wait
 NODE_NAME = "node-1"  # spec.nodeName of the made-up pods
+# What a wait's predicate returns when the port waited for will never be listened on.
+NEVER = object()
 
 
 _handed_out = set()
@@ -345,6 +351,7 @@ class Container:
         self.failures = pod.failures
         self.namespace = pod.namespace
         self.resolved = []  # the pods of the Service names its arguments and files named
+        self.listens = set()  # the loopback ports of the listen addresses its arguments and files name
         self.mounts = []  # (mountPath, directory here), longest mountPath first
         for m in spec.get("volumeMounts", []):
             d = pod.volume_dir(m["name"])
@@ -428,6 +435,7 @@ class Container:
             return flag + "=" + self.map_value(value)
         m = re.fullmatch(r"(0\.0\.0\.0|\[::\]):(\d+)", text)
         if m:
+            self.listens.add(self.pod.loopback(int(m.group(2))))
             return "127.0.0.1:%d" % self.pod.loopback(int(m.group(2)))
         m = re.fullmatch(r"(dns:///|dns:|https?://)?([A-Za-z0-9.-]+):(\d+)(/.*)?", text)
         if m:
@@ -532,6 +540,13 @@ class Container:
     def port_number(self, port):
         return port_number(self.spec, port)
 
+    def never_listened(self, loopback_port):
+        """True once it is settled that nothing of this container will listen on loopback_port: no
+        listen address of its arguments or files names it and every one that does accepts
+        connections (the binaries bind all their listeners at start). False while undecided."""
+        return bool(self.listens) and loopback_port not in self.listens and \
+            all(tcp_open(p) for p in self.listens)
+
     def check_probes(self, on_ok=None):
         """Every probe of the container answers as the kubelet wants it (httpGet: 200 within a
         bounded wait; a 404 is final: the path does not exist); failures named. on_ok(path,
@@ -563,6 +578,8 @@ class Container:
                     status, body = http_get(self.pod.loopback(number), g.get("path", "/"), g.get("httpHeaders"),
                                             answer=answer)
                     last[:] = [status, body, answer.get("headers", {})]
+                    if status is None and self.never_listened(self.pod.loopback(number)):
+                        return NEVER
                     return status in (200, 404)
                 # A port found silent for a whole wait is not waited for again.
                 got = None if number in self.pod.silent else bounded_wait(answered)
@@ -580,7 +597,11 @@ class Container:
                         ": " + last[1].strip()[:200] if last[0] else ""))
             elif "tcpSocket" in probe:
                 number = self.port_number(probe["tcpSocket"]["port"])
-                if number is None or not bounded_wait(lambda: tcp_open(self.pod.loopback(number))):
+
+                def accepts():
+                    port = self.pod.loopback(number)
+                    return tcp_open(port) or (NEVER if self.never_listened(port) else False)
+                if number is None or bounded_wait(accepts) in (None, NEVER):
                     failures.append("%s: %s tcpSocket port %r: nothing listens" % (
                         self.name, kind, probe["tcpSocket"]["port"]))
             else:
@@ -597,11 +618,12 @@ class Container:
                 return failures + [self.exited()]
 
             def listening():
-                return self.exited() or tcp_open(self.pod.loopback(n))
+                port = self.pod.loopback(n)
+                return self.exited() or tcp_open(port) or (NEVER if self.never_listened(port) else False)
             got = None if n in self.pod.silent else bounded_wait(listening)
             if isinstance(got, str):
                 failures.append(got)
-            elif not got:
+            elif got in (None, NEVER):
                 self.pod.silent.add(n)
                 failures.append("%s: containerPort %d%s: nothing listens on it" % (
                     self.name, n, " (%s)" % p["name"] if p.get("name") else ""))

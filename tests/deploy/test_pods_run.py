@@ -45,6 +45,9 @@ K8S = os.path.abspath(os.environ.get("PRISM_K8S_DIR", os.path.join(SOURCE, "depl
 KUBECTL = os.environ.get("PRISM_KUBECTL", "kubectl")
 RELEASE, NAMESPACE = "pods", "prism-test"
 LIBPRISM = os.environ.get("PRISM_LIBRARY", os.path.join(BUILD, "lib", "libprism.so"))
+# prismd's answer to a stream whose token is neither the job's nor the admin token
+# (service/prismd/jobs.c), as the agent logs it.
+REFUSED = re.compile(r"wrong or missing token[^\"\n]*")
 
 
 def render_chart(*values_files):
@@ -247,11 +250,16 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
             return any(j["job_id"] == job and j["agents_connected"] >= 1 for j in json.loads(body)["jobs"])
 
         def gone():
+            """Why the agent can no longer reach prismd, once that is settled: a process ended, or
+            prismd refused the agent's token (it sends the same token file again on every try)."""
             for c in (agent, prismd):
                 if c.exited():
                     return c.exited()
             if proc.poll() is not None:
                 return "the trainer exited with status %d" % proc.returncode
+            refused = REFUSED.search(agent.log_tail(40))
+            if refused:
+                return "prismd refused the agent's token: %s" % refused.group(0)
             return None
 
         connected = podrun.bounded_wait(lambda: gone() or (
@@ -259,10 +267,10 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
         if connected is not True:
             with open(log_path) as f:
                 trainer_log = f.read()[-500:]
-            failures.append("%s did not reach prismd %s within %d s: %s; agent: %s; trainer: %s" % (
-                agent.name, prismd.pod.name, podrun.WAIT_S, connected or
-                "prism_agent_upstream_connected is not 1 or /v1/jobs does not list job %r with its agent" % job,
-                agent.log_tail(), trainer_log))
+            failures.append("%s did not reach prismd %s: %s; agent: %s; trainer: %s" % (
+                agent.name, prismd.pod.name, connected or
+                "within %d s, prism_agent_upstream_connected is not 1 or /v1/jobs does not list job %r with "
+                "its agent" % (podrun.WAIT_S, job), agent.log_tail(), trainer_log))
         elif agent.stop() != 0:
             failures.append("%s: prism-agent exited with status %s on SIGTERM: %s" % (
                 agent.name, agent.proc.returncode, agent.log_tail()))
