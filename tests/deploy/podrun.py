@@ -19,6 +19,9 @@ changed, so that it runs here on loopback:
 - a Service's DNS name (NAME, NAME.NS, NAME.NS.svc[.cluster.local], POD.NAME.NS...) with a Service
   port -> the port's targetPort -> the container port -> its loopback address.
 
+HOME (the image user's home) and TMPDIR are their volume's directory where one is mounted, else a
+path where nothing can be created: the root filesystem is read-only in the pods.
+
 The same mapping applies to the string values of JSON files in ConfigMap volumes (prismd's
 --service-config names listen addresses and paths). ":PORT" is left alone: the binaries do not
 accept it, and the test must see them refuse it as they would in the pod.
@@ -52,6 +55,9 @@ BUILD_BINARIES = {"prismd": "service/prismd", "prismctl": "service/prismctl", "p
 WAIT_S = 120
 POLL_S = 0.05        # between two attempts of a bounded wait
 NODE_NAME = "node-1"  # spec.nodeName of the made-up pods
+# The home directory of the image's user prism (the Dockerfile's useradd --home-dir): HOME in its
+# containers, writable only where a volume is mounted there (prismd's data volume).
+IMAGE_HOME = "/var/lib/prism"
 # What a wait's predicate returns when the port waited for will never be listened on.
 NEVER = object()
 
@@ -502,18 +508,41 @@ class Container:
                 return None
         return mapped
 
+    def unwritable(self):
+        """A path where nothing can be created, root included (the tests may run as root, who
+        ignores directory permissions): a name under a regular file (ENOTDIR)."""
+        blocker = os.path.join(self.pod.root, "rootfs-file-" + self.spec["name"])
+        if not os.path.exists(blocker):
+            with open(blocker, "w") as f:
+                f.write("the container's read-only root filesystem\n")
+        return os.path.join(blocker, "ro")
+
+    def environment(self, extra_env=None):
+        """The process's environment: the container's env (mapped), and the image's HOME and
+        /tmp as readOnlyRootFilesystem leaves them: HOME (IMAGE_HOME) and TMPDIR are their
+        mounts' directories when a volume is mounted there, else a path where nothing can be
+        created, so that a binary writing its home or a temporary file (through TMPDIR, as
+        mkstemp users and SQLite do) fails here as in the pod. (A binary that writes a literal
+        /tmp path, or glibc's tmpfile(), which ignores TMPDIR, is not caught: that would take a
+        mount namespace.)"""
+        home, tmp = self.map_path(IMAGE_HOME), self.map_path("/tmp")
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+               "HOME": home if home != IMAGE_HOME else self.unwritable(),
+               "TMPDIR": tmp if tmp != "/tmp" else self.unwritable()}
+        for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        env.update({k: self.map_value(v) for k, v in self.env.items()})
+        env.update(extra_env or {})
+        return env
+
     def start(self, extra_env=None):
         """Starts the container's process (stderr and stdout to a log file); False (and a failure)
         when it cannot be started."""
         argv = self.argv()
         if argv is None:
             return False
-        env = {"PATH": "/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8"}
-        for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"):
-            if k in os.environ:
-                env[k] = os.environ[k]
-        env.update({k: self.map_value(v) for k, v in self.env.items()})
-        env.update(extra_env or {})
+        env = self.environment(extra_env)
         self.argv_run = argv
         print("podrun: %s runs %s" % (self.name, " ".join(argv)), file=sys.stderr, flush=True)
         self.log_path = os.path.join(self.pod.root, self.spec["name"] + ".log")

@@ -9,6 +9,9 @@ on libprism's Python binding, with the example trainer container's environment, 
 through the shared directory, and the agent's /metrics shows prism_agent_upstream_connected 1
 while prismd's /v1/jobs lists the job with its agent connected.
 
+Each container runs with HOME and TMPDIR where the pod would let it write (readOnlyRootFilesystem):
+on a volume mounted there, else where nothing can be created (ReadOnlyRootTest).
+
 The checker is shown to catch what it is for: the same manifests, broken in memory (an unknown
 flag, a probe on a wrong path, a container port prismd does not listen on, a listen address on
 another port), must each give the failure that names it.
@@ -325,6 +328,45 @@ class ChartPodsRunTest(unittest.TestCase):
         target = flag_value(agent_of(docs)["args"], "--prismd")
         self.assertRegex(target, r"^dns:///pods-prism-\d+\.pods-prism-headless\.%s\.svc:50051$" % NAMESPACE)
         self.assertEqual(run_pods(docs), [])
+
+
+class ReadOnlyRootTest(unittest.TestCase):
+    """readOnlyRootFilesystem: a container's HOME and TMPDIR are writable here only where the pod
+    mounts a volume (prismd: its data volume and its /tmp emptyDir; the agent sidecar: neither)."""
+
+    def environments(self, docs):
+        """{binary: the environment its container's process gets} for prismd and prism-agent."""
+        out = {}
+        with podrun.Cluster(docs, BUILD, NAMESPACE) as cluster:
+            for binary in ("prismd", "prism-agent"):
+                obj, tmpl, spec = cluster.manifests.find_container(binary)
+                out[binary] = podrun.Container(cluster.pod(obj, tmpl), spec, image_workdir()).environment()
+                out[binary]["writable"] = {k: self.writable(out[binary][k]) for k in ("HOME", "TMPDIR")}
+        return out
+
+    @staticmethod
+    def writable(directory):
+        try:
+            with tempfile.NamedTemporaryFile(dir=directory):
+                return True
+        except OSError:
+            return False
+
+    def test_the_image_home_is_the_dockerfile_s(self):
+        with open(os.path.join(SOURCE, "Dockerfile")) as f:
+            homes = re.findall(r"--home-dir\s+(\S+)", f.read())
+        self.assertEqual(homes, [podrun.IMAGE_HOME])
+
+    def test_home_and_tmpdir_are_writable_only_on_volumes(self):
+        envs = self.environments(render_chart(os.path.join(CHART, "ci", "full-values.yaml")))
+        self.assertEqual(envs["prismd"]["writable"], {"HOME": True, "TMPDIR": True})
+        self.assertEqual(envs["prism-agent"]["writable"], {"HOME": False, "TMPDIR": False})
+
+    def test_the_checker_catches_prismd_without_its_tmp_volume(self):
+        docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"))
+        spec = prismd_of(docs)
+        spec["volumeMounts"] = [m for m in spec["volumeMounts"] if m["mountPath"] != "/tmp"]
+        self.assertEqual(self.environments(docs)["prismd"]["writable"], {"HOME": True, "TMPDIR": False})
 
 
 class KustomizePodsRunTest(unittest.TestCase):
