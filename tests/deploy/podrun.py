@@ -16,8 +16,9 @@ changed, so that it runs here on loopback:
 - a listen address 0.0.0.0:PORT or [::]:PORT -> 127.0.0.1:FREE, one free port per container port
   of the pod (the probes and Services reach the pod through the same map, so a listener on
   another port than the one declared is found: its probe reaches nothing);
-- a Service's DNS name (NAME, NAME.NS, NAME.NS.svc[.cluster.local], POD.NAME.NS...) with a Service
-  port -> the port's targetPort -> the container port -> its loopback address.
+- a Service's DNS name (NAME, NAME.NS, NAME.NS.svc[.cluster.local]) with a Service port -> the
+  port's targetPort -> the container port -> its loopback address; a StatefulSet pod's name under
+  its headless Service (POD.NAME.NS...) with a port -> that pod's port itself (no Service port).
 
 HOME (the image user's home) and TMPDIR are their volume's directory where one is mounted, else a
 path where nothing can be created: the root filesystem is read-only in the pods.
