@@ -16,8 +16,12 @@ changed, so that it runs here on loopback:
 - a listen address 0.0.0.0:PORT or [::]:PORT -> 127.0.0.1:FREE, one free port per container port
   of the pod (the probes and Services reach the pod through the same map, so a listener on
   another port than the one declared is found: its probe reaches nothing);
-- a Service's DNS name (NAME, NAME.NS, NAME.NS.svc[.cluster.local], POD.NAME.NS...) with a Service
-  port -> the port's targetPort -> the container port -> its loopback address.
+- a Service's DNS name (NAME, NAME.NS, NAME.NS.svc[.cluster.local]) with a Service port -> the
+  port's targetPort -> the container port -> its loopback address; a StatefulSet pod's name under
+  its headless Service (POD.NAME.NS...) with a port -> that pod's port itself (no Service port).
+
+HOME (the image user's home) and TMPDIR are their volume's directory where one is mounted, else a
+path where nothing can be created: the root filesystem is read-only in the pods.
 
 The same mapping applies to the string values of JSON files in ConfigMap volumes (prismd's
 --service-config names listen addresses and paths). ":PORT" is left alone: the binaries do not
@@ -45,9 +49,18 @@ import urllib.request
 IMAGE_BIN = "/usr/local/bin/"
 # Where each binary the image installs lies in a build directory.
 BUILD_BINARIES = {"prismd": "service/prismd", "prismctl": "service/prismctl", "prism-agent": "agent/prism-agent"}
-WAIT_S = 30          # longest wait for one probe or port (readiness follows the policy thread's start)
+# Longest wait for one probe, port or connection: readiness follows the policy thread's start and an
+# agent's stream to prismd its reconnect backoff (up to ~10 s), on a loaded box and under sanitizers.
+# A wait whose outcome is settled ends before: an answer (a 404 is final), the process's exit, every
+# listener its flags name being up (a port none of them is never listened on), a refusal.
+WAIT_S = 120
 POLL_S = 0.05        # between two attempts of a bounded wait
 NODE_NAME = "node-1"  # spec.nodeName of the made-up pods
+# The home directory of the image's user prism (the Dockerfile's useradd --home-dir): HOME in its
+# containers, writable only where a volume is mounted there (prismd's data volume).
+IMAGE_HOME = "/var/lib/prism"
+# What a wait's predicate returns when the port waited for will never be listened on.
+NEVER = object()
 
 
 _handed_out = set()
@@ -345,6 +358,7 @@ class Container:
         self.failures = pod.failures
         self.namespace = pod.namespace
         self.resolved = []  # the pods of the Service names its arguments and files named
+        self.listens = set()  # the loopback ports of the listen addresses its arguments and files name
         self.mounts = []  # (mountPath, directory here), longest mountPath first
         for m in spec.get("volumeMounts", []):
             d = pod.volume_dir(m["name"])
@@ -428,6 +442,7 @@ class Container:
             return flag + "=" + self.map_value(value)
         m = re.fullmatch(r"(0\.0\.0\.0|\[::\]):(\d+)", text)
         if m:
+            self.listens.add(self.pod.loopback(int(m.group(2))))
             return "127.0.0.1:%d" % self.pod.loopback(int(m.group(2)))
         m = re.fullmatch(r"(dns:///|dns:|https?://)?([A-Za-z0-9.-]+):(\d+)(/.*)?", text)
         if m:
@@ -494,18 +509,41 @@ class Container:
                 return None
         return mapped
 
+    def unwritable(self):
+        """A path where nothing can be created, root included (the tests may run as root, who
+        ignores directory permissions): a name under a regular file (ENOTDIR)."""
+        blocker = os.path.join(self.pod.root, "rootfs-file-" + self.spec["name"])
+        if not os.path.exists(blocker):
+            with open(blocker, "w") as f:
+                f.write("the container's read-only root filesystem\n")
+        return os.path.join(blocker, "ro")
+
+    def environment(self, extra_env=None):
+        """The process's environment: the container's env (mapped), and the image's HOME and
+        /tmp as readOnlyRootFilesystem leaves them: HOME (IMAGE_HOME) and TMPDIR are their
+        mounts' directories when a volume is mounted there, else a path where nothing can be
+        created, so that a binary writing its home or a temporary file (through TMPDIR, as
+        mkstemp users and SQLite do) fails here as in the pod. (A binary that writes a literal
+        /tmp path, or glibc's tmpfile(), which ignores TMPDIR, is not caught: that would take a
+        mount namespace.)"""
+        home, tmp = self.map_path(IMAGE_HOME), self.map_path("/tmp")
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+               "HOME": home if home != IMAGE_HOME else self.unwritable(),
+               "TMPDIR": tmp if tmp != "/tmp" else self.unwritable()}
+        for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        env.update({k: self.map_value(v) for k, v in self.env.items()})
+        env.update(extra_env or {})
+        return env
+
     def start(self, extra_env=None):
         """Starts the container's process (stderr and stdout to a log file); False (and a failure)
         when it cannot be started."""
         argv = self.argv()
         if argv is None:
             return False
-        env = {"PATH": "/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8"}
-        for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"):
-            if k in os.environ:
-                env[k] = os.environ[k]
-        env.update({k: self.map_value(v) for k, v in self.env.items()})
-        env.update(extra_env or {})
+        env = self.environment(extra_env)
         self.argv_run = argv
         print("podrun: %s runs %s" % (self.name, " ".join(argv)), file=sys.stderr, flush=True)
         self.log_path = os.path.join(self.pod.root, self.spec["name"] + ".log")
@@ -531,6 +569,13 @@ class Container:
 
     def port_number(self, port):
         return port_number(self.spec, port)
+
+    def never_listened(self, loopback_port):
+        """True once it is settled that nothing of this container will listen on loopback_port: no
+        listen address of its arguments or files names it and every one that does accepts
+        connections (the binaries bind all their listeners at start). False while undecided."""
+        return bool(self.listens) and loopback_port not in self.listens and \
+            all(tcp_open(p) for p in self.listens)
 
     def check_probes(self, on_ok=None):
         """Every probe of the container answers as the kubelet wants it (httpGet: 200 within a
@@ -563,6 +608,8 @@ class Container:
                     status, body = http_get(self.pod.loopback(number), g.get("path", "/"), g.get("httpHeaders"),
                                             answer=answer)
                     last[:] = [status, body, answer.get("headers", {})]
+                    if status is None and self.never_listened(self.pod.loopback(number)):
+                        return NEVER
                     return status in (200, 404)
                 # A port found silent for a whole wait is not waited for again.
                 got = None if number in self.pod.silent else bounded_wait(answered)
@@ -580,7 +627,11 @@ class Container:
                         ": " + last[1].strip()[:200] if last[0] else ""))
             elif "tcpSocket" in probe:
                 number = self.port_number(probe["tcpSocket"]["port"])
-                if number is None or not bounded_wait(lambda: tcp_open(self.pod.loopback(number))):
+
+                def accepts():
+                    port = self.pod.loopback(number)
+                    return tcp_open(port) or (NEVER if self.never_listened(port) else False)
+                if number is None or bounded_wait(accepts) in (None, NEVER):
                     failures.append("%s: %s tcpSocket port %r: nothing listens" % (
                         self.name, kind, probe["tcpSocket"]["port"]))
             else:
@@ -597,11 +648,12 @@ class Container:
                 return failures + [self.exited()]
 
             def listening():
-                return self.exited() or tcp_open(self.pod.loopback(n))
+                port = self.pod.loopback(n)
+                return self.exited() or tcp_open(port) or (NEVER if self.never_listened(port) else False)
             got = None if n in self.pod.silent else bounded_wait(listening)
             if isinstance(got, str):
                 failures.append(got)
-            elif not got:
+            elif got in (None, NEVER):
                 self.pod.silent.add(n)
                 failures.append("%s: containerPort %d%s: nothing listens on it" % (
                     self.name, n, " (%s)" % p["name"] if p.get("name") else ""))
@@ -658,10 +710,14 @@ class Cluster:
         return p
 
     def resolve(self, host, port, client):
-        """127.0.0.1:LOOPBACK for a Service's DNS name and port (or a StatefulSet pod's name under
-        its headless Service), through the Service's targetPort to the serving pod's container
-        port; None when host names no Service of the manifests. A Service port that leads nowhere
-        is a failure of client (the Pod asking) and resolves to a loopback port nothing serves."""
+        """127.0.0.1:LOOPBACK for a Service's DNS name and port, through the Service's targetPort to
+        the serving pod's container port; None when host names no Service of the manifests. A
+        Service port that leads nowhere is a failure of client (the Container asking) and resolves
+        to a loopback port nothing serves.
+
+        A pod's own name, POD.SERVICE.NS.svc..., is its DNS record under a headless Service: it
+        resolves to the pod's IP, so PORT is the pod's port itself, with no Service port between
+        (resolve_pod)."""
         parts = host.split(".")
         for svc in self.manifests.of_kind("Service"):
             name, ns = svc["metadata"]["name"], self.manifests.ns(svc)
@@ -675,6 +731,8 @@ class Cluster:
                 pod_name = parts[0]
             else:
                 continue
+            if pod_name:
+                return self.resolve_pod(svc, pod_name, host, port, client)
             what = "%s:%d (Service %s)" % (host, port, name)
             sport = next((p for p in svc["spec"].get("ports", []) if p["port"] == port), None)
             if sport is None:
@@ -682,8 +740,7 @@ class Cluster:
                 return "127.0.0.1:%d" % free_port()
             sel = svc["spec"].get("selector") or {}
             for pod in self.pods:
-                if (pod_name and pod.name != pod_name) or not sel or \
-                        not all(pod.labels.get(k) == v for k, v in sel.items()):
+                if not sel or not all(pod.labels.get(k) == v for k, v in sel.items()):
                     continue
                 target = sport.get("targetPort", sport["port"])
                 number = next((n for n in (port_number(c, target) for c in pod_containers(pod.spec))
@@ -694,10 +751,45 @@ class Cluster:
                     return "127.0.0.1:%d" % free_port()
                 client.resolved.append(pod)
                 return "127.0.0.1:%d" % pod.loopback(number)
-            client.failures.append("%s: %s selects no pod that runs here%s" % (
-                client.name, what, " (no pod %s)" % pod_name if pod_name else ""))
+            client.failures.append("%s: %s selects no pod that runs here" % (client.name, what))
             return "127.0.0.1:%d" % free_port()
         return None
+
+    def resolve_pod(self, svc, pod_name, host, port, client):
+        """127.0.0.1:LOOPBACK of pod_name's port `port` (the pod's IP: no Service port lookup).
+        Kubernetes gives a pod such a record only under a headless Service (clusterIP None) that
+        is its StatefulSet's spec.serviceName and selects it: anything else is a failure of client
+        and resolves to a port nothing serves. A port no container of the pod declares is one too
+        (the manifests declare every port their binaries listen on; nothing would answer there)."""
+        name = svc["metadata"]["name"]
+        what = "%s:%d (pod %s under Service %s)" % (host, port, pod_name, name)
+        nowhere = "127.0.0.1:%d" % free_port()
+        if (svc["spec"].get("clusterIP") or "") != "None":
+            client.failures.append("%s: %s: Service %s is not headless (clusterIP None): pods have no DNS "
+                                   "records under it" % (client.name, what, name))
+            return nowhere
+        sel = svc["spec"].get("selector") or {}
+        for pod in self.pods:
+            if pod.name != pod_name or pod.namespace != self.manifests.ns(svc):
+                continue
+            if pod.obj["kind"] != "StatefulSet" or pod.obj["spec"].get("serviceName") != name:
+                client.failures.append("%s: %s: %s's serviceName is %r, not %r: the pod has no DNS record "
+                                       "under it" % (client.name, what, pod.obj["metadata"]["name"],
+                                                     pod.obj["spec"].get("serviceName"), name))
+                return nowhere
+            if not sel or not all(pod.labels.get(k) == v for k, v in sel.items()):
+                client.failures.append("%s: %s: the Service does not select pod %s" % (client.name, what, pod_name))
+                return nowhere
+            declared = [p["containerPort"] for c in pod_containers(pod.spec) for p in c.get("ports", [])]
+            if port not in declared:
+                client.failures.append("%s: %s: port %d is no container port of pod %s (it has %s); a pod's "
+                                       "DNS name takes the pod's port, not a Service port" % (
+                                           client.name, what, port, pod_name, sorted(declared)))
+                return nowhere
+            client.resolved.append(pod)
+            return "127.0.0.1:%d" % pod.loopback(port)
+        client.failures.append("%s: %s: no pod %s runs here" % (client.name, what, pod_name))
+        return nowhere
 
     def check_services(self, pod):
         """Every port of every Service selecting the pod reaches a declared container port."""

@@ -9,6 +9,9 @@ on libprism's Python binding, with the example trainer container's environment, 
 through the shared directory, and the agent's /metrics shows prism_agent_upstream_connected 1
 while prismd's /v1/jobs lists the job with its agent connected.
 
+Each container runs with HOME and TMPDIR where the pod would let it write (readOnlyRootFilesystem):
+on a volume mounted there, else where nothing can be created (ReadOnlyRootTest).
+
 The checker is shown to catch what it is for: the same manifests, broken in memory (an unknown
 flag, a probe on a wrong path, a container port prismd does not listen on, a listen address on
 another port), must each give the failure that names it.
@@ -19,12 +22,14 @@ PRISM_HELM_RENDER (default BUILD/tests/deploy/helm_render), PRISM_K8S_DIR (defau
 SOURCE/deploy/k8s), PRISM_KUBECTL (default kubectl). Loopback only, bounded waits, every process
 killed on every path."""
 
+import atexit
 import copy
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,6 +48,9 @@ K8S = os.path.abspath(os.environ.get("PRISM_K8S_DIR", os.path.join(SOURCE, "depl
 KUBECTL = os.environ.get("PRISM_KUBECTL", "kubectl")
 RELEASE, NAMESPACE = "pods", "prism-test"
 LIBPRISM = os.environ.get("PRISM_LIBRARY", os.path.join(BUILD, "lib", "libprism.so"))
+# prismd's answer to a stream whose token is neither the job's nor the admin token
+# (service/prismd/jobs.c), as the agent logs it.
+REFUSED = re.compile(r"wrong or missing token[^\"\n]*")
 
 
 def render_chart(*values_files):
@@ -245,11 +253,16 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
             return any(j["job_id"] == job and j["agents_connected"] >= 1 for j in json.loads(body)["jobs"])
 
         def gone():
+            """Why the agent can no longer reach prismd, once that is settled: a process ended, or
+            prismd refused the agent's token (it sends the same token file again on every try)."""
             for c in (agent, prismd):
                 if c.exited():
                     return c.exited()
             if proc.poll() is not None:
                 return "the trainer exited with status %d" % proc.returncode
+            refused = REFUSED.search(agent.log_tail(40))
+            if refused:
+                return "prismd refused the agent's token: %s" % refused.group(0)
             return None
 
         connected = podrun.bounded_wait(lambda: gone() or (
@@ -257,10 +270,10 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
         if connected is not True:
             with open(log_path) as f:
                 trainer_log = f.read()[-500:]
-            failures.append("%s did not reach prismd %s within %d s: %s; agent: %s; trainer: %s" % (
-                agent.name, prismd.pod.name, podrun.WAIT_S, connected or
-                "prism_agent_upstream_connected is not 1 or /v1/jobs does not list job %r with its agent" % job,
-                agent.log_tail(), trainer_log))
+            failures.append("%s did not reach prismd %s: %s; agent: %s; trainer: %s" % (
+                agent.name, prismd.pod.name, connected or
+                "within %d s, prism_agent_upstream_connected is not 1 or /v1/jobs does not list job %r with "
+                "its agent" % (podrun.WAIT_S, job), agent.log_tail(), trainer_log))
         elif agent.stop() != 0:
             failures.append("%s: prism-agent exited with status %s on SIGTERM: %s" % (
                 agent.name, agent.proc.returncode, agent.log_tail()))
@@ -273,6 +286,20 @@ def run_agent(cluster, http_port, obj, tmpl, spec):
                 proc.kill()
                 proc.wait(timeout=15)
     return failures
+
+
+def values_file(text):
+    """A values file of text, removed when the test process ends."""
+    f = tempfile.NamedTemporaryFile("w", prefix="prism-values-", suffix=".yaml", delete=False)
+    with f:
+        f.write(text)
+    atexit.register(os.unlink, f.name)
+    return f.name
+
+
+# Client Service ports other than prismd's container ports: the agent sidecar dials a replica's pod
+# name, which takes the pod's (container) port, never the Service's.
+SERVICE_PORTS = "service:\n  httpPort: 80\n  grpcPort: 443\n"
 
 
 def prismd_of(docs):
@@ -295,6 +322,51 @@ class ChartPodsRunTest(unittest.TestCase):
         self.assertIsNotNone(podrun.Manifests(docs).find_container("prism-agent", "Job"),
                              "full-values.yaml renders the example trainer Job with the prism-agent sidecar")
         self.assertEqual(run_pods(docs), [])
+
+    def test_service_ports_other_than_the_container_ports(self):
+        docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"), values_file(SERVICE_PORTS))
+        target = flag_value(agent_of(docs)["args"], "--prismd")
+        self.assertRegex(target, r"^dns:///pods-prism-\d+\.pods-prism-headless\.%s\.svc:50051$" % NAMESPACE)
+        self.assertEqual(run_pods(docs), [])
+
+
+class ReadOnlyRootTest(unittest.TestCase):
+    """readOnlyRootFilesystem: a container's HOME and TMPDIR are writable here only where the pod
+    mounts a volume (prismd: its data volume and its /tmp emptyDir; the agent sidecar: neither)."""
+
+    def environments(self, docs):
+        """{binary: the environment its container's process gets} for prismd and prism-agent."""
+        out = {}
+        with podrun.Cluster(docs, BUILD, NAMESPACE) as cluster:
+            for binary in ("prismd", "prism-agent"):
+                obj, tmpl, spec = cluster.manifests.find_container(binary)
+                out[binary] = podrun.Container(cluster.pod(obj, tmpl), spec, image_workdir()).environment()
+                out[binary]["writable"] = {k: self.writable(out[binary][k]) for k in ("HOME", "TMPDIR")}
+        return out
+
+    @staticmethod
+    def writable(directory):
+        try:
+            with tempfile.NamedTemporaryFile(dir=directory):
+                return True
+        except OSError:
+            return False
+
+    def test_the_image_home_is_the_dockerfile_s(self):
+        with open(os.path.join(SOURCE, "Dockerfile")) as f:
+            homes = re.findall(r"--home-dir\s+(\S+)", f.read())
+        self.assertEqual(homes, [podrun.IMAGE_HOME])
+
+    def test_home_and_tmpdir_are_writable_only_on_volumes(self):
+        envs = self.environments(render_chart(os.path.join(CHART, "ci", "full-values.yaml")))
+        self.assertEqual(envs["prismd"]["writable"], {"HOME": True, "TMPDIR": True})
+        self.assertEqual(envs["prism-agent"]["writable"], {"HOME": False, "TMPDIR": False})
+
+    def test_the_checker_catches_prismd_without_its_tmp_volume(self):
+        docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"))
+        spec = prismd_of(docs)
+        spec["volumeMounts"] = [m for m in spec["volumeMounts"] if m["mountPath"] != "/tmp"]
+        self.assertEqual(self.environments(docs)["prismd"]["writable"], {"HOME": True, "TMPDIR": False})
 
 
 class KustomizePodsRunTest(unittest.TestCase):
@@ -379,6 +451,17 @@ class CheckerCatchesTest(unittest.TestCase):
                             p["targetPort"] = "grpcs"
         failures = self.broken(change)
         self.assertNamed(failures, "targetPort 'grpcs' is no container port of")
+
+    def test_an_agent_that_dials_a_replica_on_the_service_port(self):
+        # The old mistake: the sidecar dials a replica's pod name on the client Service's gRPC
+        # port (443 here) instead of prismd's container port; a pod's DNS name has no Service port.
+        docs = render_chart(os.path.join(CHART, "ci", "full-values.yaml"), values_file(SERVICE_PORTS))
+        args = agent_of(docs)["args"]
+        i = next(i for i, w in enumerate(args) if w.startswith("--prismd="))
+        self.assertTrue(args[i].endswith(":50051"), args[i])
+        args[i] = args[i][:-len("50051")] + "443"
+        failures = run_pods(docs, with_agent=True)
+        self.assertNamed(failures, ":443 (pod pods-prism-", "port 443 is no container port of pod pods-prism-")
 
     def test_an_agent_whose_job_token_prismd_refuses(self):
         # The sidecar's token file comes from another Secret: the agent runs, its probes answer,
