@@ -105,6 +105,9 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
                                            const uint32_t *block_ids, size_t blocks, prism_cuda_stream stream,
                                            prism_error *err)
 {
+    prism_error own; /* err may be NULL; the drops below keep its message for last_error */
+    if (!err)
+        err = &own;
     prism_status s = prism_client_check_report(c, block_ids, blocks, err);
     if (s != PRISM_OK)
         return s;

@@ -809,9 +809,9 @@ cudaError_t __wrap_cudaGetDevice(int *device)
 }
 
 /* A first GPU report with no memory for the client's state drops as no_memory, and one whose
- * current device cannot be known (cudaGetDevice fails) as stats_failed: both counted, in the
- * client's counters and by reason in the hint table's trainer line, and the next report goes out
- * whole. */
+ * current device cannot be known (cudaGetDevice fails) as stats_failed, also for a caller that
+ * passes no prism_error: each counted, in the client's counters and by reason in the hint table's
+ * trainer line, and the next report goes out whole. */
 static void test_step_report_cuda_counts_no_memory_and_an_unknown_device(void)
 {
     const char *dir = test_dir();
@@ -851,6 +851,12 @@ static void test_step_report_cuda_counts_no_memory_and_an_unknown_device(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "cudaGetDevice(&device)"));
     CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "(cudaErrorNoDevice)"));
     CU_ASSERT_EQUAL(counters(c).reports_dropped, 2);
+    fail_next_get_device = true; /* the same with no prism_error to fill: still counted */
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda(c, 8, NULL, dt, starts, NULL, 1, stream, NULL),
+                    PRISM_ERR_UNAVAILABLE);
+    CU_ASSERT_FALSE(fail_next_get_device);
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 3);
+    CU_ASSERT_PTR_NOT_NULL(strstr(prism_client_last_error(c), "(cudaErrorNoDevice)"));
 
     CU_ASSERT_EQUAL_FATAL(prism_client_report_step_cuda(c, 9, NULL, dt, starts, NULL, 1, stream, &err), PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(cudaStreamSynchronize(stream), cudaSuccess);
@@ -863,13 +869,14 @@ static void test_step_report_cuda_counts_no_memory_and_an_unknown_device(void)
     agent_free(m);
     prism_client_counters n = counters(c);
     CU_ASSERT_EQUAL(n.reports_sent, 1);
-    CU_ASSERT_EQUAL(n.reports_dropped, 2);
+    CU_ASSERT_EQUAL(n.reports_dropped, 3);
     prism_hints_trainer line;
     CU_ASSERT_TRUE_FATAL(prism_hints_read_trainer(&table, &line));
-    CU_ASSERT_EQUAL(line.reports_dropped, 2);
+    CU_ASSERT_EQUAL(line.reports_dropped, 3);
     for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
-        CU_ASSERT_EQUAL(line.ext.dropped[r],
-                        r == PRISM_HINTS_DROP_NO_MEMORY || r == PRISM_HINTS_DROP_STATS_FAILED ? 1u : 0u);
+        CU_ASSERT_EQUAL(line.ext.dropped[r], r == PRISM_HINTS_DROP_NO_MEMORY      ? 1u
+                                             : r == PRISM_HINTS_DROP_STATS_FAILED ? 2u
+                                                                                  : 0u);
     prism_hints_close(&table);
     cudaStreamDestroy(stream);
     cudaFree(dev);
