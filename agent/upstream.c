@@ -605,7 +605,9 @@ static void drain_inbox(upstream *u)
                 if (report)
                     atomic_fetch_add_explicit(&a->stats.reports_dropped[AGENT_DROP_DISCONNECTED], 1,
                                               memory_order_relaxed);
-            } else if (!stream_queue(s, f->kind, f->data, f->len)) {
+            } else if (!stream_queue(s, f->kind, f->data, f->len) && report) {
+                /* Only step reports are counted: prism_agent_reports_dropped_total's share is taken
+                   over prism_agent_reports_received_total, which counts step reports alone. */
                 atomic_fetch_add_explicit(&a->stats.reports_dropped[AGENT_DROP_QUEUE_FULL], 1, memory_order_relaxed);
             }
             if (report)

@@ -7,7 +7,9 @@
  * finds the event complete (cudaEventQuery: a look, never a wait): begin_step, a report, or
  * this call. One report is in flight at a time: a GPU more than a step behind the host drops the
  * newer report, counted (reason stats_pending), rather than making anyone wait; a statistics pass
- * that cannot be queued or fails on the GPU drops its report too (stats_failed). Buffers are allocated at the first call
+ * that cannot be queued (the current device unknown included) or fails on the GPU drops its report
+ * too (stats_failed), and so does a first call with no memory for the client's state (no_memory):
+ * every report this call does not queue is counted. Buffers are allocated at the first call
  * (and again if a later call has more blocks or runs on another device); prism_client_close waits
  * for a report still in flight before it frees them, the one wait there is, outside any step. */
 #define _GNU_SOURCE
@@ -103,6 +105,9 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
                                            const uint32_t *block_ids, size_t blocks, prism_cuda_stream stream,
                                            prism_error *err)
 {
+    prism_error own; /* err may be NULL; the drops below keep its message for last_error */
+    if (!err)
+        err = &own;
     prism_status s = prism_client_check_report(c, block_ids, blocks, err);
     if (s != PRISM_OK)
         return s;
@@ -110,8 +115,13 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
         return prism_error_set(err, PRISM_ERR_INVALID, "block_start: NULL");
     prism_client_ext *ext = prism_client_extension(c);
     if (!ext->state) {
-        if (!(ext->state = calloc(1, sizeof(cuda_reports))))
-            return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        if (!(ext->state = calloc(1, sizeof(cuda_reports)))) {
+            char why[96];
+            snprintf(why, sizeof why, "step %llu dropped: out of memory for the GPU reports' state",
+                     (unsigned long long)step);
+            prism_client_note_dropped(c, PRISM_HINTS_DROP_NO_MEMORY, why);
+            return prism_error_set(err, PRISM_ERR_NOMEM, "%s", why);
+        }
         ext->poll = poll;
         ext->destroy = destroy;
     }
@@ -124,7 +134,12 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "%s", why);
     }
     int device = 0;
-    PRISM_CUDA_CHECK(cudaGetDevice(&device));
+    cudaError_t rc = cudaGetDevice(&device);
+    if (rc != cudaSuccess) {
+        s = prism_cuda_error(err, rc, "cudaGetDevice(&device)", __FILE__, __LINE__);
+        prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, err->message);
+        return s;
+    }
     if ((s = reserve(r, blocks, device, err)) != PRISM_OK) {
         release(r);
         prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, err->message);
@@ -134,7 +149,7 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
         prism_client_note_dropped(c, PRISM_HINTS_DROP_STATS_FAILED, err->message);
         return s;
     }
-    cudaError_t rc = cudaMemcpyAsync(r->host, r->dev, blocks * sizeof *r->dev, cudaMemcpyDeviceToHost,
+    rc = cudaMemcpyAsync(r->host, r->dev, blocks * sizeof *r->dev, cudaMemcpyDeviceToHost,
                                      (cudaStream_t)stream);
     if (rc == cudaSuccess)
         rc = cudaEventRecord(r->done, (cudaStream_t)stream);

@@ -92,7 +92,7 @@ typedef enum prism_hints_drop {
     PRISM_HINTS_DROP_STATS_PENDING = 3,   /* the GPU had not finished the previous report's statistics */
     PRISM_HINTS_DROP_STATS_FAILED = 4,    /* the statistics pass failed (a kernel, its buffers, the copy back) */
     PRISM_HINTS_DROP_TOO_BIG = 5,         /* the report is larger than a frame (PRISM_LOCAL_MAX_FRAME) */
-    PRISM_HINTS_DROP_NO_MEMORY = 6,       /* no memory for the report's frame */
+    PRISM_HINTS_DROP_NO_MEMORY = 6,       /* no memory for the report (its frame, the GPU reports' state) */
     PRISM_HINTS_DROP_REASONS = 7
 } prism_hints_drop;
 

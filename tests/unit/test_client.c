@@ -778,6 +778,112 @@ static void test_step_report_waits_for_a_gpu_that_is_behind(void)
     close(fd);
     close(lfd);
 }
+
+/* Failures that a GPU or the allocator give only by chance, made certain by the link: the emulated
+ * build links this test with --wrap=calloc,--wrap=cudaGetDevice (tests/client.cmake), so each
+ * call of those from the test and libprism's static code comes here first. Armed (on this
+ * thread), the next call fails once; otherwise it is the real one. */
+static _Thread_local bool fail_next_calloc, fail_next_get_device;
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+cudaError_t __real_cudaGetDevice(int *device);
+cudaError_t __wrap_cudaGetDevice(int *device);
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+    if (fail_next_calloc) {
+        fail_next_calloc = false;
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __real_calloc(n, size);
+}
+
+cudaError_t __wrap_cudaGetDevice(int *device)
+{
+    if (fail_next_get_device) {
+        fail_next_get_device = false;
+        return cudaErrorNoDevice;
+    }
+    return __real_cudaGetDevice(device);
+}
+
+/* A first GPU report with no memory for the client's state drops as no_memory, and one whose
+ * current device cannot be known (cudaGetDevice fails) as stats_failed, also for a caller that
+ * passes no prism_error: each counted, in the client's counters and by reason in the hint table's
+ * trainer line, and the next report goes out whole. */
+static void test_step_report_cuda_counts_no_memory_and_an_unknown_device(void)
+{
+    const char *dir = test_dir();
+    prism_hints table;
+    prism_error terr;
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&table, path_in(dir, PRISM_LOCAL_HINTS_NAME), 16, &terr), PRISM_OK);
+    int lfd = agent_listen(dir);
+    prism_client *c = open_client(dir, 1000);
+    register_ok(c);
+    int fd = agent_accept(lfd, 2000);
+    CU_ASSERT_FATAL(fd >= 0);
+    expect_hello(fd);
+
+    enum { N = 64 };
+    static float host[N];
+    for (int i = 0; i < N; i++)
+        host[i] = (float)(i % 5) - 2.0f;
+    float *dev = NULL;
+    CU_ASSERT_EQUAL_FATAL(cudaMalloc((void **)&dev, sizeof host), cudaSuccess);
+    CU_ASSERT_EQUAL_FATAL(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice), cudaSuccess);
+    const prism_tensor dt[1] = {{dev, N, PRISM_DTYPE_F32}};
+    const size_t starts[2] = {0, 1};
+    cudaStream_t stream;
+    CU_ASSERT_EQUAL_FATAL(cudaStreamCreate(&stream), cudaSuccess);
+    prism_error err;
+
+    fail_next_calloc = true; /* the client's first GPU report allocates its state first */
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda(c, 7, NULL, dt, starts, NULL, 1, stream, &err), PRISM_ERR_NOMEM);
+    CU_ASSERT_FALSE(fail_next_calloc); /* the failure armed was the one the call met */
+    CU_ASSERT_STRING_EQUAL(err.message, "step 7 dropped: out of memory for the GPU reports' state");
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 1);
+
+    fail_next_get_device = true;
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda(c, 8, NULL, dt, starts, NULL, 1, stream, &err),
+                    PRISM_ERR_UNAVAILABLE);
+    CU_ASSERT_FALSE(fail_next_get_device);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "cudaGetDevice(&device)"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "(cudaErrorNoDevice)"));
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 2);
+    fail_next_get_device = true; /* the same with no prism_error to fill: still counted */
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda(c, 8, NULL, dt, starts, NULL, 1, stream, NULL),
+                    PRISM_ERR_UNAVAILABLE);
+    CU_ASSERT_FALSE(fail_next_get_device);
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 3);
+    CU_ASSERT_PTR_NOT_NULL(strstr(prism_client_last_error(c), "(cudaErrorNoDevice)"));
+
+    CU_ASSERT_EQUAL_FATAL(prism_client_report_step_cuda(c, 9, NULL, dt, starts, NULL, 1, stream, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(cudaStreamSynchronize(stream), cudaSuccess);
+    prism_client_begin_step(c, 10); /* sends step 9 and publishes the trainer line */
+    Prism__V1__AgentMessage *m = agent_read(fd, 2000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m->step_report);
+    CU_ASSERT_EQUAL(m->step_report->step, 9);
+    CU_ASSERT_EQUAL(m->step_report->n_blocks, 1);
+    agent_free(m);
+    prism_client_counters n = counters(c);
+    CU_ASSERT_EQUAL(n.reports_sent, 1);
+    CU_ASSERT_EQUAL(n.reports_dropped, 3);
+    prism_hints_trainer line;
+    CU_ASSERT_TRUE_FATAL(prism_hints_read_trainer(&table, &line));
+    CU_ASSERT_EQUAL(line.reports_dropped, 3);
+    for (unsigned r = 0; r < PRISM_HINTS_DROP_REASONS; r++)
+        CU_ASSERT_EQUAL(line.ext.dropped[r], r == PRISM_HINTS_DROP_NO_MEMORY      ? 1u
+                                             : r == PRISM_HINTS_DROP_STATS_FAILED ? 2u
+                                                                                  : 0u);
+    prism_hints_close(&table);
+    cudaStreamDestroy(stream);
+    cudaFree(dev);
+    prism_client_close(c);
+    close(fd);
+    close(lfd);
+}
 #endif
 #endif
 
@@ -1171,6 +1277,8 @@ static const prism_test_case cases[] = {
 #endif
 #ifdef PRISM_CUDAEMU
     {"test_step_report_waits_for_a_gpu_that_is_behind", test_step_report_waits_for_a_gpu_that_is_behind},
+    {"test_step_report_cuda_counts_no_memory_and_an_unknown_device",
+     test_step_report_cuda_counts_no_memory_and_an_unknown_device},
 #endif
     {"test_calibration_report_carries_the_registered_fingerprint", test_calibration_report_carries_the_registered_fingerprint},
     {"test_agent_started_late_gets_hello_then_reports", test_agent_started_late_gets_hello_then_reports},
