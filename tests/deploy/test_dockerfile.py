@@ -142,9 +142,9 @@ def installed_here(pkg):
 def depends_closure(pkgs):
     """The packages apt installs for pkgs: them and their Depends and Pre-Depends, recursively, as
     dpkg's database here (Debian 12) records them; of alternatives, those installed here."""
-    seen, todo = set(), list(pkgs)
-    while todo:
-        p = todo.pop()
+    seen, pending = set(), list(pkgs)
+    while pending:
+        p = pending.pop()
         if p in seen:
             continue
         seen.add(p)
@@ -153,7 +153,7 @@ def depends_closure(pkgs):
         for clause in r.stdout.split(","):
             alts = [re.sub(r"\(.*?\)|:any|\[.*?\]", "", a).strip() for a in clause.split("|")]
             alts = [a for a in alts if a]
-            todo += [a for a in alts if installed_here(a)] or alts[:1]
+            pending += [a for a in alts if installed_here(a)] or alts[:1]
     return seen
 
 
@@ -215,14 +215,14 @@ def image_libs(binary):
     what only they bring (libasan's libatomic, ...). The dynamic loader itself is always in."""
     libs = ldd(binary)
     seen = {s for s in libs if s.startswith("ld-linux")}
-    todo = list(needed(binary))
-    while todo:
-        soname = todo.pop()
+    pending = list(needed(binary))
+    while pending:
+        soname = pending.pop()
         if soname in seen or NOT_THE_IMAGES.match(soname):
             continue
         seen.add(soname)
         if libs.get(soname):
-            todo += needed(libs[soname])
+            pending += needed(libs[soname])
     return frozenset(seen)
 
 
