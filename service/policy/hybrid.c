@@ -448,8 +448,7 @@ prism_status prism_hybrid_plan(const prism_hybrid_problem *p, prism_hybrid_resul
         plan[at] = fm[x->class_index].high;
         double m = prism_hybrid_memory(p, plan + x->class_index * L);
         bool fits = m <= prism_hybrid_budget(p, x->class_index);
-        double tr = time_of(p, fm, &t, plan, NULL);
-        if (fits && tr <= limit) {
+        if (fits && time_of(p, fm, &t, plan, NULL) <= limit) {
             x->accepted = true;
             x->reason = PRISM_HYBRID_OK;
         } else {
