@@ -50,6 +50,8 @@ static void plan_usage(FILE *out)
         "  integers or reals and must be >= 0, except x_numel and w_numel (>= 1); ids and ranks are\n"
         "  integers. Block ids are 0..L-1, each exactly once, in any order; the model uses id order.\n"
         "  Class names are non-empty and distinct. cast_cost and quantize_cost need both their keys.\n"
+        "  y_numel may be 0. A name may repeat in fixed_classes and an id in force_bf16_blocks.\n"
+        "  Duplicate keys in an object are a JSON syntax error.\n"
         "\n"
         "The model (issue 15) with these choices:\n"
         "  - Precisions: bf16, fp16, int8, fp8_e4m3; mantissa bits bf16 7, fp16 10, fp8_e4m3 3.\n"
@@ -86,7 +88,8 @@ static void plan_usage(FILE *out)
         "\n"
         "Exit status: 0 planned; 1 a start does not fit (or out of memory, stdout unwritable);\n"
         "2 bad input or unreadable file: \"prismctl plan: FILE: KEY: PROBLEM\" (KEY a path such as\n"
-        "blocks[3].stats.x_numel; a JSON syntax error: \"FILE:LINE:COLUMN: JSON syntax error: ...\").\n",
+        "blocks[3].stats.x_numel, [N] the entry's position in the file, not its id; a JSON syntax\n"
+        "error: \"FILE:LINE:COLUMN: JSON syntax error: ...\"); only the first problem is reported.\n",
         out);
 }
 

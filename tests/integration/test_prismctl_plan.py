@@ -315,6 +315,23 @@ class PrismctlPlanTest(unittest.TestCase):
         self.assertTrue(r.stderr.startswith("prismctl plan: "))
         self.assertIn("/nonexistent/plan.json", r.stderr)
 
+    def test_plan_reads_standard_input_for_dash(self):
+        r = subprocess.run([PRISMCTL, "plan", "-"], input=json.dumps(BASE), capture_output=True, text=True,
+                           timeout=TIMEOUT_S)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        self.assertEqual(json.loads(r.stdout), EXPECTED)
+        r = subprocess.run([PRISMCTL, "plan", "-"], input="{\"blocks\": 1}", capture_output=True, text=True,
+                           timeout=TIMEOUT_S)
+        self.assertEqual((r.returncode, r.stdout, r.stderr),
+                         (2, "", "prismctl plan: <stdin>: blocks: expected an array, got an integer\n"))
+
+    def test_no_file_or_two_files_or_an_option_exit_2(self):
+        for args in ([], ["a.json", "b.json"], ["--bogus"]):
+            with self.subTest(args=args):
+                r = subprocess.run([PRISMCTL, "plan"] + args, capture_output=True, text=True, timeout=TIMEOUT_S)
+                self.assertEqual((r.returncode, r.stdout), (2, ""))
+                self.assertTrue(r.stderr.startswith("prismctl plan: "))
+
     def test_help_lists_the_format_and_every_choice(self):
         r = subprocess.run([PRISMCTL, "plan", "--help"], capture_output=True, text=True, timeout=TIMEOUT_S)
         self.assertEqual(r.returncode, 0)
