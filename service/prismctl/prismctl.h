@@ -4,6 +4,9 @@
 
 int prismctl_replay(int argc, char **argv);
 
+/* plan: the hybrid-devices model of issue 15 over a PLAN.json (service/policy/hybrid.h). */
+int prismctl_plan(int argc, char **argv);
+
 /* jobs, blocks, config, overrides: REST commands against a prismd (argv[0] is the command). */
 int prismctl_rest(int argc, char **argv);
 
