@@ -44,10 +44,9 @@ class StartRefused(Exception):
 
 
 def fmt_num(x):
-    """Shortest round-trip text of a double (Python's repr), integers without a fraction."""
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
-        return str(int(x))
-    return repr(x)
+    """Shortest round-trip text of a double: Python's repr (12288.0, 0.1, 1e+20), which is what
+    prism_buf_append_double writes too."""
+    return repr(float(x))
 
 
 # ---------------------------------------------------------------- validation (exit 2)
@@ -194,10 +193,10 @@ def parse_plan(doc):
             c["fixed"] = c["ops"][c["high"]] == top
         else:
             c["fixed"] = c["name"] in fixed_cfg
-        # A fixed class never runs its low format (every block high, in the plan and in both
-        # baselines), so only a non-fixed class's low format needs ops > 0. (plan15 says "a
-        # format a class runs"; the differential test keeps clear of this reading.)
-        for f in (c["high"],) if c["fixed"] else (c["high"], c["low"]):
+        # plan15: "a format a class runs (its high, its low, ...)": checked on every class, fixed
+        # ones included, although a fixed class never runs its low format (every block high,
+        # in the plan and in both baselines).
+        for f in (c["high"], c["low"]):
             if c["ops"][f] <= 0:
                 raise PlanError(f"{c['path']}.{OPS_FIELD[f]}", f"must be > 0 (the class runs {f})")
     return blocks, classes, {"bps": bps, "lat": lat, "frac": frac, "gamma": gamma,

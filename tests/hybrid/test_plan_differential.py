@@ -213,9 +213,9 @@ def run_case(prismctl, path, doc):
     if want_rc == 1:
         if proc.stdout:
             return f"exit 1 with output on stdout: {proc.stdout[:200]!r}"
-        prefix = f'prismctl plan: class "{refused.name}" does not fit: its start needs '
-        if not proc.stderr.startswith(prefix):
-            return f"refusal message: prismctl {proc.stderr.strip()!r}, reference {str(refused)!r}"
+        want_msg = f"prismctl plan: {refused}\n"
+        if proc.stderr != want_msg:
+            return f"refusal message: prismctl {proc.stderr!r}, reference {want_msg!r}"
         return None
     if not proc.stdout.endswith("\n") or proc.stdout.count("\n") != 1:
         return f"output is not one line and a newline: {proc.stdout[:200]!r}"

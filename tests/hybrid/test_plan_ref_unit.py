@@ -218,10 +218,15 @@ class Allocation(unittest.TestCase):
             os.unlink(fh.name)
         self.assertEqual(p.returncode, 1)
         self.assertEqual(p.stdout, "")
-        self.assertIn('class "slow" does not fit: its start needs 10240 bytes, '
-                      'its budget is 10000 bytes', p.stderr)
+        self.assertEqual(p.stderr, 'plan_ref: class "slow" does not fit: its start needs 10240.0 '
+                         'bytes, its budget is 10000.0 bytes\n')
 
     def test_bad_input_exit_2(self):
+        doc = case_a()
+        del doc["classes"][0]["profile"]["int8_ops_per_second"]  # fixed, but its low is int8
+        with self.assertRaises(plan_ref.PlanError) as e:
+            plan_ref.plan(doc)
+        self.assertEqual(e.exception.key, "classes[0].profile.int8_ops_per_second")
         doc = case_a()
         doc["classes"][1]["profile"]["int8_ops_per_second"] = 0
         with self.assertRaises(plan_ref.PlanError) as e:
