@@ -73,16 +73,17 @@ def _nonneg(obj, key, path, required=True, default=None):
 
 
 def _only(obj, allowed, path):
+    """obj must be an object with keys from allowed; path "" is the top level."""
     if not isinstance(obj, dict):
-        raise PlanError(path, "must be an object")
+        raise PlanError(path or "PLAN", "must be an object")
     for k in obj:
         if k not in allowed:
-            raise PlanError(f"{path}.{k}", "unknown key")
+            raise PlanError(f"{path}.{k}" if path else k, "unknown key")
 
 
 def parse_plan(doc):
     """Checks a parsed PLAN.json and returns the model's inputs (blocks in id order)."""
-    _only(doc, ("blocks", "classes", "link", "config"), "PLAN")
+    _only(doc, ("blocks", "classes", "link", "config"), "")
     blocks_in = doc.get("blocks")
     if not isinstance(blocks_in, list) or not blocks_in:
         raise PlanError("blocks", "must be a non-empty array")

@@ -13,6 +13,13 @@ booleans, and every number equal to the last bit (float.hex). On a mismatch it k
 file, prints its path, the path of the first differing value and both values, and goes on to
 count every disagreeing case.
 
+Then 39 bad PLANs (a small valid PLAN with one key added, deleted or given a bad value: every
+level's unknown keys, missing keys, negative, zero and non-integer values, duplicate ids and
+class names, formats whose throughput is 0, unknown fixed classes and forced blocks): both sides
+must refuse each with exit 2 and nothing on stdout; the reference must name the expected key,
+and where prismctl's `prismctl plan: FILE: KEY: PROBLEM` names another key that is printed as a
+note (the texts fix only a few key spellings).
+
 Usage: test_plan_differential.py [--cases N] [--seed S] [--keep DIR]
 """
 
@@ -20,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,13 +65,17 @@ def gen_stats(rng):
         s["x_l2"] = float(x_numel) * float(4 ** rng.randint(-6, 6))
     if rng.random() < 0.1:
         s["g_max_abs"] = 0
+    if rng.random() < 0.05:  # subnormal and tiny values: frexp exponents far below −5
+        s[rng.choice(["x_l2", "w_l2", "g_max_abs"])] = rng.choice([5e-324, 1e-310, 2.0 ** -1000])
+    if rng.random() < 0.05:
+        s["x_max_abs"] = 0  # SX = 0 in the integer formula
     return s
 
 
 def gen_block(rng, i):
     width = rng.choice([64, 256, 768, 1024, 4096])
     params = width * width * rng.randint(1, 12)
-    return {
+    b = {
         "id": i, "name": f"block.{i}",
         "flops": float(2 * params * rng.choice([1, 128, 512, 2048])) * rng.choice([1, 1.5]),
         "param_bytes_bf16": 2 * params,
@@ -71,6 +83,9 @@ def gen_block(rng, i):
         "state_bytes": 16 * params if rng.random() < 0.9 else rng.randint(0, 10 ** 6),
         "stats": gen_stats(rng),
     }
+    if rng.random() < 0.05:  # empty blocks: no flops, or no bytes of some kind
+        b[rng.choice(["flops", "param_bytes_bf16", "activation_bytes_bf16", "state_bytes"])] = 0
+    return b
 
 
 def gen_profile(rng, fp8_needed, int8_needed):
@@ -229,6 +244,128 @@ def run_case(prismctl, path, doc):
     return None
 
 
+def base_doc():
+    """A small valid PLAN the bad-input cases mutate: 3 blocks, a fixed and a non-fixed class."""
+    rng = random.Random(7)
+    blocks = [gen_block(rng, i) for i in range(3)]
+    for b in blocks:
+        b["stats"] = {"x_l2": 4.0, "x_max_abs": 1.0, "x_numel": 4, "w_l2": 16.0,
+                      "w_max_abs": 2.0, "w_numel": 16, "g_l2": 1.0, "g_max_abs": 0.5,
+                      "y_numel": 8}
+    q = {"fixed_seconds": 1e-6, "seconds_per_byte": 1e-12}
+    return {
+        "blocks": blocks,
+        "classes": [
+            {"name": "fast", "ranks": 2, "profile": {
+                "memory_bytes": 10 ** 12, "bf16_ops_per_second": 1e15, "int8_ops_per_second": 2e15,
+                "quantize_cost": dict(q)}},
+            {"name": "slow", "ranks": 2, "profile": {
+                "memory_bytes": 10 ** 12, "fp16_ops_per_second": 6.5e13,
+                "int8_ops_per_second": 1.3e14, "quantize_cost": dict(q)}},
+        ],
+        "link": {"bytes_per_second": 1e10, "latency_seconds": 1e-5},
+        "config": {},
+    }
+
+
+def _set(doc, path, value):
+    """Sets (value given) or deletes (value is DELETE) doc at path, a list of keys/indices."""
+    for k in path[:-1]:
+        doc = doc[k]
+    if value is DELETE:
+        del doc[path[-1]]
+    else:
+        doc[path[-1]] = value
+
+
+DELETE = object()
+# (path, value, the key the refusal should name): each must be refused with exit 2.
+BAD = [
+    (["colour"], 1, "colour"),
+    (["blocks", 0, "colour"], 1, "blocks[0].colour"),
+    (["blocks", 1, "stats", "z_l2"], 1, "blocks[1].stats.z_l2"),
+    (["classes", 0, "colour"], 1, "classes[0].colour"),
+    (["classes", 1, "profile", "colour"], 1, "classes[1].profile.colour"),
+    (["classes", 1, "profile", "quantize_cost", "colour"], 1,
+     "classes[1].profile.quantize_cost.colour"),
+    (["link", "colour"], 1, "link.colour"),
+    (["config", "colour"], 1, "config.colour"),
+    (["blocks"], DELETE, "blocks"),
+    (["classes"], DELETE, "classes"),
+    (["link"], DELETE, "link"),
+    (["blocks", 2, "flops"], DELETE, "blocks[2].flops"),
+    (["blocks", 2, "state_bytes"], DELETE, "blocks[2].state_bytes"),
+    (["blocks", 0, "stats", "g_l2"], DELETE, "blocks[0].stats.g_l2"),
+    (["blocks", 0, "stats", "x_l2"], -1.0, "blocks[0].stats.x_l2"),
+    (["blocks", 0, "stats", "x_numel"], 0, "blocks[0].stats.x_numel"),
+    (["blocks", 1, "stats", "w_numel"], 0, "blocks[1].stats.w_numel"),
+    (["blocks", 1, "stats", "w_max_abs"], "2", "blocks[1].stats.w_max_abs"),
+    (["blocks", 1, "flops"], -5.0, "blocks[1].flops"),
+    (["blocks", 1, "id"], 0, "blocks[1].id"),
+    (["blocks", 2, "id"], 3, "blocks[2].id"),
+    (["classes", 1, "name"], "fast", "classes[1].name"),
+    (["classes", 1, "ranks"], 0, "classes[1].ranks"),
+    (["classes", 1, "ranks"], 1.5, "classes[1].ranks"),
+    (["classes", 1, "profile", "memory_bytes"], DELETE, "classes[1].profile.memory_bytes"),
+    (["classes", 1, "profile", "quantize_cost"], DELETE, "classes[1].profile.quantize_cost"),
+    (["classes", 1, "profile", "int8_ops_per_second"], 0,
+     "classes[1].profile.int8_ops_per_second"),
+    (["classes", 1, "profile", "fp16_ops_per_second"], DELETE,
+     "classes[1].profile.fp16_ops_per_second"),
+    (["link", "bytes_per_second"], 0, "link.bytes_per_second"),
+    (["link", "bytes_per_second"], DELETE, "link.bytes_per_second"),
+    (["link", "latency_seconds"], -1e-6, "link.latency_seconds"),
+    (["link", "latency_seconds"], DELETE, "link.latency_seconds"),
+    (["config", "memory_fraction"], 0, "config.memory_fraction"),
+    (["config", "memory_fraction"], 1.5, "config.memory_fraction"),
+    (["config", "gamma"], -1, "config.gamma"),
+    (["config", "low_format"], "fp4", "config.low_format"),
+    (["config", "low_format"], "fp8_e4m3", "classes[0].profile.fp8_ops_per_second"),
+    (["config", "fixed_classes"], ["fast", "nope"], "config.fixed_classes[1]"),
+    (["config", "force_bf16_blocks"], [0, 3], "config.force_bf16_blocks[1]"),
+]
+
+
+def refused_key(stderr, path):
+    """KEY of `prismctl plan: FILE: KEY: PROBLEM`, or None."""
+    prefix = f"prismctl plan: {path}: "
+    if not stderr.startswith(prefix):
+        return None
+    return stderr[len(prefix):].split(": ", 1)[0]
+
+
+def run_bad_cases(prismctl, outdir):
+    """Each BAD mutation must be refused with exit 2 and nothing on stdout by both sides; a key
+    named differently from the reference is printed as a note, not counted."""
+    failures = 0
+    for n, (path, value, key) in enumerate(BAD):
+        doc = base_doc()
+        _set(doc, path, value)
+        file = os.path.join(outdir, f"bad{n:02d}.plan.json")
+        with open(file, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        try:
+            plan_ref.plan(doc)
+            ref_key = None
+        except plan_ref.PlanError as e:
+            ref_key = e.key
+        if ref_key != key:
+            failures += 1
+            print(f"REFERENCE bad case {n} ({file}): names {ref_key!r}, expected {key!r}")
+        proc = subprocess.run([prismctl, "plan", file], capture_output=True, text=True, timeout=60)
+        got = refused_key(proc.stderr, file)
+        if proc.returncode != 2 or proc.stdout:
+            failures += 1
+            print(f"MISMATCH bad case {n} ({file}): {'.'.join(map(str, path))} = "
+                  f"{'(deleted)' if value is DELETE else json.dumps(value)}: prismctl exit "
+                  f"{proc.returncode}, stdout {proc.stdout[:80]!r}, stderr {proc.stderr.strip()!r}")
+        elif got != key:
+            print(f"note: bad case {n} ({file}): prismctl names {got!r} "
+                  f"({proc.stderr.strip()!r}), the reference {key!r}")
+    print(f"{len(BAD)} bad PLANs, {failures} not refused as expected")
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", type=int, default=300)
@@ -264,11 +401,20 @@ def main():
             print(f"MISMATCH case {n}: {path}\n  {problem}")
         elif not args.keep:
             os.unlink(path)
+    base = base_doc()
+    path = os.path.join(outdir, "base.plan.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(base, fh)
+    problem = run_case(prismctl, path, base)
+    if problem:
+        failures += 1
+        print(f"MISMATCH base of the bad cases: {problem}")
+    failures += run_bad_cases(prismctl, outdir)
     print(f"{args.cases} cases, {failures} disagreeing; reference: {counts['ok']} plans, "
           f"{counts['refused']} starts refused, {counts['raises']} raises "
           f"({counts['accepted']} accepted, {counts['memory']} memory, {counts['time']} time)")
     if not failures and not args.keep:
-        os.rmdir(outdir)
+        shutil.rmtree(outdir)
     return 1 if failures else 0
 
 
