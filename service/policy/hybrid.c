@@ -1,5 +1,5 @@
 /* The hybrid-devices model of issue 15 (see hybrid.h). Every floating-point expression is
- * written in the exact order plan15 fixes; do not reassociate. */
+ * written in the exact order service/policy/README.md fixes; do not reassociate. */
 #include "hybrid.h"
 
 #include <math.h>
@@ -110,21 +110,38 @@ double prism_hybrid_omega(const prism_hybrid_stats *s, size_t i, size_t L, doubl
 prism_status prism_hybrid_resolve(const prism_hybrid_problem *p, prism_hybrid_class_formats *out,
                                   prism_error *err)
 {
+    /* The formats of every class, and the largest throughput of a high format. */
     double best = 0.0;
     for (size_t k = 0; k < p->class_count; k++) {
         const prism_hybrid_class *c = &p->classes[k];
         prism_hybrid_class_formats *f = &out[k];
         f->high = c->bf16_ops > 0 ? PRISM_HYBRID_BF16 : PRISM_HYBRID_FP16;
-        if (f->high == PRISM_HYBRID_FP16 && !(c->fp16_ops > 0))
-            return prism_error_set(err, PRISM_ERR_INVALID,
-                                   "classes[%zu].profile.fp16_ops_per_second: must be > 0 when "
-                                   "bf16_ops_per_second is 0 (the class needs a 16-bit high format)",
-                                   k);
         switch (p->low_format) {
         case PRISM_HYBRID_LOW_INT8: f->low = PRISM_HYBRID_INT8; break;
         case PRISM_HYBRID_LOW_FP8_E4M3: f->low = PRISM_HYBRID_FP8_E4M3; break;
         default: f->low = c->fp8_ops > 0 ? PRISM_HYBRID_FP8_E4M3 : PRISM_HYBRID_INT8; break;
         }
+        f->fixed = p->fixed_given ? c->fixed : false;
+        double ops = prism_hybrid_ops(c, f->high);
+        if (k == 0 || ops > best)
+            best = ops;
+    }
+    if (!p->fixed_given)
+        for (size_t k = 0; k < p->class_count; k++)
+            out[k].fixed = prism_hybrid_ops(&p->classes[k], out[k].high) == best;
+    /* Every format a class runs needs a throughput: its high format, and its low format unless
+     * the class is fixed (a fixed class runs every block high, in the plan and in both
+     * baselines). Classes in file order, the high format first: the first problem is named. */
+    for (size_t k = 0; k < p->class_count; k++) {
+        const prism_hybrid_class *c = &p->classes[k];
+        const prism_hybrid_class_formats *f = &out[k];
+        if (f->high == PRISM_HYBRID_FP16 && !(c->fp16_ops > 0))
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "classes[%zu].profile.fp16_ops_per_second: must be > 0 when "
+                                   "bf16_ops_per_second is 0 (the class needs a 16-bit high format)",
+                                   k);
+        if (f->fixed)
+            continue;
         if (f->low == PRISM_HYBRID_INT8 && !(c->int8_ops > 0))
             return prism_error_set(err, PRISM_ERR_INVALID,
                                    "classes[%zu].profile.int8_ops_per_second: must be > 0: the class's low "
@@ -135,14 +152,7 @@ prism_status prism_hybrid_resolve(const prism_hybrid_problem *p, prism_hybrid_cl
                                    "classes[%zu].profile.fp8_ops_per_second: must be > 0: the class's low "
                                    "format is fp8_e4m3",
                                    k);
-        f->fixed = p->fixed_given ? c->fixed : false;
-        double ops = prism_hybrid_ops(c, f->high);
-        if (k == 0 || ops > best)
-            best = ops;
     }
-    if (!p->fixed_given)
-        for (size_t k = 0; k < p->class_count; k++)
-            out[k].fixed = prism_hybrid_ops(&p->classes[k], out[k].high) == best;
     return PRISM_OK;
 }
 
@@ -357,12 +367,113 @@ void prism_hybrid_result_free(prism_hybrid_result *r)
     r->refused_budget = rg;
 }
 
+/* The raise loop's evaluator. It keeps f_k(i) of the plan as it stands for every class, so that
+ * trying a raise on class k recomputes only that class's row (O(L)) and then runs the all-reduce
+ * chain over the kept values (O(L·C) compares), where time_of would redo every class. Every
+ * double comes from the same operations in the same order as time_of and prism_hybrid_memory
+ * (the row's forward sum, then f = forward + backward suffix from block L−1 down; each memory
+ * term state + (activation · bits) / 16 summed in id order), so the results are the same bits. */
+typedef struct raise_eval {
+    double *f;    /* [k * L + i]: f_k(i) of the current plan */
+    double *cand; /* [L]: f_k(i) of the class row being tried */
+    double *link; /* [L]: W_i / link bytes per second */
+    double *mem;  /* [(k * L + i) * 2 + high]: the block's memory term */
+} raise_eval;
+
+static void raise_eval_free(raise_eval *e)
+{
+    free(e->f);
+    free(e->cand);
+    free(e->link);
+    free(e->mem);
+}
+
+/* f_k(i) of class k's row of plan into out[0 .. L). */
+static void class_row_times(const prism_hybrid_problem *p, const prism_hybrid_class_formats *fm, const time_table *t,
+                            const prism_hybrid_format *plan, size_t k, double *out)
+{
+    size_t L = p->block_count;
+    double fsum = 0.0;
+    for (size_t j = 0; j < L; j++)
+        fsum = fsum + t->fwd[(k * L + j) * 2 + slot(&fm[k], plan[k * L + j])];
+    double bsum = 0.0;
+    for (size_t i = L; i-- > 0;) {
+        bsum = bsum + t->bwd[(k * L + i) * 2 + slot(&fm[k], plan[k * L + i])];
+        out[i] = fsum + bsum;
+    }
+}
+
+static prism_status raise_eval_build(const prism_hybrid_problem *p, const prism_hybrid_class_formats *fm,
+                                     const time_table *t, const prism_hybrid_format *plan, raise_eval *e)
+{
+    size_t L = p->block_count, C = p->class_count, n = C * L;
+    memset(e, 0, sizeof *e);
+    e->f = malloc((n ? n : 1) * sizeof *e->f);
+    e->cand = malloc((L ? L : 1) * sizeof *e->cand);
+    e->link = malloc((L ? L : 1) * sizeof *e->link);
+    e->mem = malloc((n ? n * 2 : 1) * sizeof *e->mem);
+    if (!e->f || !e->cand || !e->link || !e->mem) {
+        raise_eval_free(e);
+        return PRISM_ERR_NOMEM;
+    }
+    for (size_t k = 0; k < C; k++) {
+        class_row_times(p, fm, t, plan, k, e->f + k * L);
+        for (size_t i = 0; i < L; i++)
+            for (size_t h = 0; h < 2; h++) {
+                prism_hybrid_format b = h ? fm[k].high : fm[k].low;
+                e->mem[(k * L + i) * 2 + h] =
+                    p->blocks[i].state_bytes + (p->blocks[i].activation_bytes * (double)prism_hybrid_bits(b)) / 16.0;
+            }
+    }
+    for (size_t i = 0; i < L; i++)
+        e->link[i] = p->blocks[i].param_bytes / p->link_bytes_per_second;
+    return PRISM_OK;
+}
+
+/* M_k of class k's row of plan, from the kept terms. */
+static double raise_eval_memory(const prism_hybrid_problem *p, const prism_hybrid_class_formats *fm,
+                                const raise_eval *e, const prism_hybrid_format *plan, size_t k)
+{
+    size_t L = p->block_count;
+    double m = 0.0;
+    for (size_t i = 0; i < L; i++)
+        m = m + e->mem[(k * L + i) * 2 + slot(&fm[k], plan[k * L + i])];
+    return m;
+}
+
+/* T of the current plan with class k's row as in plan (its f values computed into e->cand). */
+static double raise_eval_time(const prism_hybrid_problem *p, const prism_hybrid_class_formats *fm,
+                              const time_table *t, raise_eval *e, const prism_hybrid_format *plan, size_t kc)
+{
+    size_t L = p->block_count, C = p->class_count;
+    class_row_times(p, fm, t, plan, kc, e->cand);
+    double end = 0.0;
+    for (size_t i = L; i-- > 0;) {
+        double slowest = 0.0;
+        for (size_t k = 0; k < C; k++) {
+            double f = k == kc ? e->cand[i] : e->f[k * L + i];
+            if (k == 0 || f > slowest)
+                slowest = f;
+        }
+        double start = slowest > end ? slowest : end;
+        end = (start + p->link_latency_seconds) + e->link[i];
+    }
+    double f0 = 0.0;
+    for (size_t k = 0; k < C; k++) {
+        double f = L == 0 ? 0.0 : k == kc ? e->cand[0] : e->f[k * L];
+        if (k == 0 || f > f0)
+            f0 = f;
+    }
+    return end > f0 ? end : f0;
+}
+
 prism_status prism_hybrid_plan(const prism_hybrid_problem *p, prism_hybrid_result *out, prism_error *err)
 {
     memset(out, 0, sizeof *out);
     size_t L = p->block_count, C = p->class_count, n = C * L;
     prism_status st = PRISM_OK;
     time_table t = {0};
+    raise_eval ev = {0};
     double *omega = NULL;
     prism_hybrid_format *work = NULL;
     prism_hybrid_raise *tmp = NULL;
@@ -442,15 +553,20 @@ prism_status prism_hybrid_plan(const prism_hybrid_problem *p, prism_hybrid_resul
             }
     sort_raises(p, out->raises, nr, tmp);
     out->raise_count = nr;
+    if (raise_eval_build(p, fm, &t, plan, &ev)) {
+        st = prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     for (size_t r = 0; r < nr; r++) {
         prism_hybrid_raise *x = &out->raises[r];
-        size_t at = x->class_index * L + x->block;
-        plan[at] = fm[x->class_index].high;
-        double m = prism_hybrid_memory(p, plan + x->class_index * L);
-        bool fits = m <= prism_hybrid_budget(p, x->class_index);
-        if (fits && time_of(p, fm, &t, plan, NULL) <= limit) {
+        size_t k = x->class_index, at = k * L + x->block;
+        plan[at] = fm[k].high;
+        double m = raise_eval_memory(p, fm, &ev, plan, k);
+        bool fits = m <= prism_hybrid_budget(p, k);
+        if (fits && raise_eval_time(p, fm, &t, &ev, plan, k) <= limit) {
             x->accepted = true;
             x->reason = PRISM_HYBRID_OK;
+            memcpy(ev.f + k * L, ev.cand, L * sizeof *ev.cand);
         } else {
             x->accepted = false;
             x->reason = fits ? PRISM_HYBRID_TIME : PRISM_HYBRID_MEMORY;
@@ -465,6 +581,7 @@ prism_status prism_hybrid_plan(const prism_hybrid_problem *p, prism_hybrid_resul
     }
 done:
     time_table_free(&t);
+    raise_eval_free(&ev);
     free(omega);
     free(work);
     free(tmp);

@@ -1,8 +1,8 @@
 /* Hybrid devices (QSync, DESIGN 11): per-class compute plans. The model is the contract of
- * issue 15 with the choices of plan15: formats, the gradient-variance indicator ω, the time of
+ * issue 15 with the choices `prismctl plan --help` lists: formats, the gradient-variance indicator ω, the time of
  * an iteration with the all-reduce alignment of QSync's eq. 6, memory, and the greedy raise.
  * Pure C: inputs as structs (already validated by the caller), results in caller-freed structs,
- * no I/O, no clocks, no globals. Every sum runs in the order plan15 fixes, so an independent
+ * no I/O, no clocks, no globals. Every sum runs in the order service/policy/README.md fixes, so an independent
  * implementation doing the same IEEE operations gets the same bits. */
 #ifndef PRISM_POLICY_HYBRID_H
 #define PRISM_POLICY_HYBRID_H
@@ -80,7 +80,7 @@ typedef struct prism_hybrid_class_formats {
     bool fixed;
 } prism_hybrid_class_formats;
 
-/* Sets the config defaults of plan15 (memory_fraction 0.9, gamma 4, low auto, fixed by rule). */
+/* Sets the config defaults (memory_fraction 0.9, gamma 4, low auto, fixed by rule). */
 void prism_hybrid_problem_defaults(prism_hybrid_problem *p);
 
 /* ops_k(f): the class's throughput in format f. */

@@ -12,14 +12,16 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void plan_usage(FILE *out)
 {
     fputs(
-        "usage: prismctl plan PLAN.json\n"
+        "usage: prismctl plan [--timing] PLAN.json\n"
         "\n"
         "Plans the compute precision of every block on every device class of a hybrid job (QSync;\n"
         "issue 15's model, DESIGN 11) and prints one JSON object on one line:\n"
@@ -57,8 +59,9 @@ static void plan_usage(FILE *out)
         "  - Precisions: bf16, fp16, int8, fp8_e4m3; mantissa bits bf16 7, fp16 10, fp8_e4m3 3.\n"
         "  - High format: bf16 if bf16_ops_per_second > 0, else fp16. Low format: low_format; auto =\n"
         "    fp8_e4m3 if fp8_ops_per_second > 0, else int8. ops(bf16, fp16, int8, fp8_e4m3) = the\n"
-        "    bf16, fp16, int8, fp8 ops field. Every class, fixed ones included, must have ops > 0 for\n"
-        "    its high and its low format, else exit 2 naming classes[K].profile.FIELD. A fixed class's\n"
+        "    bf16, fp16, int8, fp8 ops field. Every class must have ops > 0 for its high format, and\n"
+        "    every class that is not fixed for its low format, else exit 2 naming\n"
+        "    classes[K].profile.FIELD (classes in file order, the high format first). A fixed class's\n"
         "    low_format is printed (resolved the same way) though it runs none of its blocks low.\n"
         "  - omega(high): the float formula with m = the high format's bits; omega(int8): the integer\n"
         "    formula, q = 127, k = the high format's bits; omega(fp8_e4m3): the float formula, m = 3.\n"
@@ -85,6 +88,9 @@ static void plan_usage(FILE *out)
         "  - Baselines: uniform_high = every class all high; uniform_low = non-fixed classes all low\n"
         "    (force_bf16_blocks ignored), fixed high; fits = every non-fixed class within budget.\n"
         "  - Doubles are printed as the shortest text that reads back exactly; block ids as integers.\n"
+        "\n"
+        "--timing: after the object, one line on stderr with the milliseconds spent reading and\n"
+        "parsing PLAN.json, planning, and writing the output (CLOCK_MONOTONIC).\n"
         "\n"
         "Exit status: 0 planned; 1 a start does not fit (or out of memory, stdout unwritable);\n"
         "2 bad input or unreadable file: \"prismctl plan: FILE: KEY: PROBLEM\" (KEY a path such as\n"
@@ -519,7 +525,7 @@ static prism_status append_baseline(prism_buf *b, const char *name, const prism_
     return PRISM_OK;
 }
 
-/* The output object of `prismctl plan`, in plan15's key order, and a newline. */
+/* The output object of `prismctl plan`, in the documented key order, and a newline. */
 static prism_status write_result(prism_buf *b, const prism_hybrid_problem *p, const prism_hybrid_result *res)
 {
     prism_status st = PRISM_OK;
@@ -581,13 +587,26 @@ static prism_status write_result(prism_buf *b, const prism_hybrid_problem *p, co
     return PRISM_OK;
 }
 
+/* Milliseconds on CLOCK_MONOTONIC, for --timing. */
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 int prismctl_plan(int argc, char **argv)
 {
     const char *path = NULL;
+    bool timing = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             plan_usage(stdout);
             return 0;
+        }
+        if (strcmp(argv[i], "--timing") == 0) {
+            timing = true;
+            continue;
         }
         if (argv[i][0] == '-' && argv[i][1] != '\0') {
             fprintf(stderr, "prismctl plan: unknown option %s (see --help)\n", argv[i]);
@@ -604,6 +623,7 @@ int prismctl_plan(int argc, char **argv)
         return 2;
     }
     const char *name = strcmp(path, "-") == 0 ? "<stdin>" : path;
+    double t_start = now_ms(), t_parsed = 0.0, t_planned = 0.0;
     prism_error err = {0};
     size_t len = 0;
     char *text = prism_file_read(path, &len, &err);
@@ -624,7 +644,9 @@ int prismctl_plan(int argc, char **argv)
     int rc = r.failed ? 2 : 0;
     prism_hybrid_result res = {0};
     if (rc == 0) {
+        t_parsed = now_ms();
         prism_status st = prism_hybrid_plan(&in.problem, &res, &err);
+        t_planned = now_ms();
         if (st == PRISM_ERR_INVALID) {
             /* "classes[K].profile.FIELD: PROBLEM" */
             fprintf(stderr, "prismctl plan: %s: %s\n", name, err.message);
@@ -655,6 +677,9 @@ int prismctl_plan(int argc, char **argv)
             rc = 1;
         }
         prism_buf_free(&out);
+        if (rc == 0 && timing)
+            fprintf(stderr, "prismctl plan: timing: read and parse %.3f ms, plan %.3f ms, output %.3f ms\n",
+                    t_parsed - t_start, t_planned - t_parsed, now_ms() - t_planned);
     }
     prism_hybrid_result_free(&res);
     free(in.blocks);

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Independent reference of issue 15's hybrid-device model and of `prismctl plan`'s output.
 
-Written from the issue text (/work/briefs/issue15.md: Formats, Indicator, Time, Memory,
-Allocation, deliverable 2) and plan15's choices only, never from the C implementation, so that
+Written from the issue text (issue 15: Formats, Indicator, Time, Memory, Allocation,
+deliverable 2) and the choices `prismctl plan --help` lists only, never from the C implementation, so that
 the differential test (test_plan_differential.py) compares two independent readings. Every sum
-follows plan15's order literally (Python floats are IEEE doubles, math.sqrt, math.frexp and
+follows the order of service/policy/README.md literally (Python floats are IEEE doubles, math.sqrt, math.frexp and
 math.ldexp are exact or correctly rounded as in C), so both sides must agree to the last bit.
 
 Usage: plan_ref.py PLAN.json  -> prints the JSON object `prismctl plan` prints (exit 0), or the
@@ -181,7 +181,7 @@ def parse_plan(doc):
             if f not in names:
                 raise PlanError(f"config.fixed_classes[{n}]", "must name a class")
 
-    # Formats (issue: Formats; plan15: ops of every format a class runs must be > 0).
+    # Formats (issue: Formats; every format a class runs needs ops > 0).
     for c in classes:
         c["high"] = "bf16" if c["ops"]["bf16"] > 0 else "fp16"
         if low_cfg == "auto":
@@ -194,10 +194,9 @@ def parse_plan(doc):
             c["fixed"] = c["ops"][c["high"]] == top
         else:
             c["fixed"] = c["name"] in fixed_cfg
-        # plan15: "a format a class runs (its high, its low, ...)": checked on every class, fixed
-        # ones included, although a fixed class never runs its low format (every block high,
-        # in the plan and in both baselines).
-        for f in (c["high"], c["low"]):
+        # A format a class runs needs ops > 0: its high format, and its low format unless the
+        # class is fixed (a fixed class runs every block high, in the plan and in both baselines).
+        for f in (c["high"],) if c["fixed"] else (c["high"], c["low"]):
             if c["ops"][f] <= 0:
                 raise PlanError(f"{c['path']}.{OPS_FIELD[f]}", f"must be > 0 (the class runs {f})")
     return blocks, classes, {"bps": bps, "lat": lat, "frac": frac, "gamma": gamma,

@@ -320,7 +320,7 @@ BAD = [
     (["config", "memory_fraction"], 1.5, "config.memory_fraction"),
     (["config", "gamma"], -1, "config.gamma"),
     (["config", "low_format"], "fp4", "config.low_format"),
-    (["config", "low_format"], "fp8_e4m3", "classes[0].profile.fp8_ops_per_second"),
+    (["config", "low_format"], "fp8_e4m3", "classes[1].profile.fp8_ops_per_second"),
     (["config", "fixed_classes"], ["fast", "nope"], "config.fixed_classes[1]"),
     (["config", "force_bf16_blocks"], [0, 3], "config.force_bf16_blocks[1]"),
 ]

@@ -223,10 +223,8 @@ class Allocation(unittest.TestCase):
 
     def test_bad_input_exit_2(self):
         doc = case_a()
-        del doc["classes"][0]["profile"]["int8_ops_per_second"]  # fixed, but its low is int8
-        with self.assertRaises(plan_ref.PlanError) as e:
-            plan_ref.plan(doc)
-        self.assertEqual(e.exception.key, "classes[0].profile.int8_ops_per_second")
+        del doc["classes"][0]["profile"]["int8_ops_per_second"]  # fixed: its low is never run
+        self.assertEqual(plan_ref.plan(doc), plan_ref.plan(case_a()))
         doc = case_a()
         doc["classes"][1]["profile"]["int8_ops_per_second"] = 0
         with self.assertRaises(plan_ref.PlanError) as e:

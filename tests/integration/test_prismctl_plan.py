@@ -210,8 +210,9 @@ def bad_cases():
 
     # Formats a class cannot run.
     out_of_range(0, "must be > 0: the class's low format is int8", "classes", 1, "profile", "int8_ops_per_second")
+    # The fixed class 0 has no fp8 either, but never runs its low format: class 1 is named.
     cases.append((put("fp8_e4m3", "config", "low_format"),
-                  "classes[0].profile.fp8_ops_per_second: must be > 0: the class's low format is fp8_e4m3"))
+                  "classes[1].profile.fp8_ops_per_second: must be > 0: the class's low format is fp8_e4m3"))
     cases.append((put(0, "classes", 1, "profile", "bf16_ops_per_second"),
                   "classes[1].profile.fp16_ops_per_second: must be > 0 when bf16_ops_per_second is 0 "
                   "(the class needs a 16-bit high format)"))
@@ -252,11 +253,11 @@ class PrismctlPlanTest(unittest.TestCase):
         self.assertTrue(out.endswith("}\n"))
         self.assertEqual(out.count("\n"), 1)
         self.assertEqual(json.loads(out), EXPECTED)
-        # The key order of plan15.
+        # The documented key order.
         self.assertEqual(list(json.loads(out)), ["iteration_seconds", "start_seconds", "indicator", "classes",
                                                  "baselines", "raises"])
 
-    def test_config_is_optional_and_defaults_to_plan15s(self):
+    def test_config_is_optional_and_has_its_defaults(self):
         doc = copy.deepcopy(BASE)
         del doc["config"]
         doc["classes"][1]["profile"]["memory_bytes"] = 64 * 13 / 16 / 0.9  # the same budget at 0.9
@@ -322,6 +323,21 @@ class PrismctlPlanTest(unittest.TestCase):
         self.assertEqual(json.loads(r.stdout), EXPECTED)
         r = subprocess.run([PRISMCTL, "plan", "-"], input="{\"blocks\": 1}", capture_output=True, text=True,
                            timeout=TIMEOUT_S)
+        self.assertEqual((r.returncode, r.stdout, r.stderr),
+                         (2, "", "prismctl plan: <stdin>: blocks: expected an array, got an integer\n"))
+
+    def test_timing_adds_one_line_on_stderr_and_changes_no_output(self):
+        """--timing: the same object on stdout, and one line of three phase times on stderr (their
+        values are not asserted: they are wall-clock figures)."""
+        r = subprocess.run([PRISMCTL, "plan", "--timing", "-"], input=json.dumps(BASE), capture_output=True,
+                           text=True, timeout=TIMEOUT_S)
+        self.assertEqual(r.returncode, 0)
+        self.assertEqual(json.loads(r.stdout), EXPECTED)
+        self.assertRegex(r.stderr, r"\Aprismctl plan: timing: read and parse [0-9]+\.[0-9]{3} ms, "
+                                   r"plan [0-9]+\.[0-9]{3} ms, output [0-9]+\.[0-9]{3} ms\n\Z")
+        # A refused input prints no timing line.
+        r = subprocess.run([PRISMCTL, "plan", "--timing", "-"], input="{\"blocks\": 1}", capture_output=True,
+                           text=True, timeout=TIMEOUT_S)
         self.assertEqual((r.returncode, r.stdout, r.stderr),
                          (2, "", "prismctl plan: <stdin>: blocks: expected an array, got an integer\n"))
 

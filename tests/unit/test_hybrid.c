@@ -123,7 +123,7 @@ static prism_hybrid_problem example(void)
     return p;
 }
 
-static void test_defaults_are_plan15s(void)
+static void test_defaults(void)
 {
     prism_hybrid_problem p;
     prism_hybrid_problem_defaults(&p);
@@ -248,11 +248,19 @@ static void test_formats_and_fixed_classes_by_default_and_by_config(void)
          {{"x", 1, 8, 0, 1, 2, 0, 0, false}, {"z", 1, 4, 0, 0, 2, 0, 0, false}}, 2, false, PRISM_HYBRID_LOW_INT8,
          PRISM_ERR_INVALID, {{BF, I8, false}},
          "classes[1].profile.int8_ops_per_second: must be > 0: the class's low format is int8"},
-        {"auto without fp8 or int8 ops", {{"x", 1, 8, 0, 0, 0, 0, 0, false}}, 1, false, PRISM_HYBRID_LOW_AUTO,
+        {"auto without fp8 or int8 ops",
+         {{"x", 1, 8, 0, 1, 2, 0, 0, false}, {"z", 1, 4, 0, 0, 0, 0, 0, false}}, 2, false, PRISM_HYBRID_LOW_AUTO,
          PRISM_ERR_INVALID, {{BF, I8, false}},
-         "classes[0].profile.int8_ops_per_second: must be > 0: the class's low format is int8"},
-        {"explicit fp8 without fp8 ops", {{"x", 1, 8, 0, 1, 0, 0, 0, false}}, 1, false, PRISM_HYBRID_LOW_FP8_E4M3,
-         PRISM_ERR_INVALID, {{BF, I8, false}},
+         "classes[1].profile.int8_ops_per_second: must be > 0: the class's low format is int8"},
+        {"explicit fp8 without fp8 ops",
+         {{"x", 1, 8, 0, 1, 2, 0, 0, false}, {"z", 1, 4, 0, 1, 0, 0, 0, false}}, 2, false,
+         PRISM_HYBRID_LOW_FP8_E4M3, PRISM_ERR_INVALID, {{BF, I8, false}},
+         "classes[1].profile.fp8_ops_per_second: must be > 0: the class's low format is fp8_e4m3"},
+        {"a fixed class needs no throughput in its low format (it never runs it)",
+         {{"x", 1, 8, 0, 0, 0, 0, 0, false}, {"z", 1, 4, 0, 1, 0, 0, 0, false}}, 2, false, PRISM_HYBRID_LOW_AUTO,
+         PRISM_OK, {{BF, I8, true}, {BF, I8, false}}, NULL},
+        {"the same by the config", {{"x", 1, 8, 0, 1, 0, 0, 0, false}, {"z", 1, 4, 0, 1, 0, 0, 0, true}}, 2, true,
+         PRISM_HYBRID_LOW_FP8_E4M3, PRISM_ERR_INVALID, {{BF, E4, false}},
          "classes[0].profile.fp8_ops_per_second: must be > 0: the class's low format is fp8_e4m3"},
         {"no 16-bit format", {{"x", 1, 0, 0, 1, 0, 0, 0, false}}, 1, false, PRISM_HYBRID_LOW_AUTO, PRISM_ERR_INVALID,
          {{BF, I8, false}},
@@ -488,7 +496,7 @@ static const prism_test_case cases[] = {
     {"test_e_is_the_absolute_exponent_clamped_at_5", test_e_is_the_absolute_exponent_clamped_at_5},
     {"test_indicator_float_and_int8_formulas_with_depth_and_gamma",
      test_indicator_float_and_int8_formulas_with_depth_and_gamma},
-    {"test_defaults_are_plan15s", test_defaults_are_plan15s},
+    {"test_defaults", test_defaults},
     {"test_forward_and_backward_seconds_per_format", test_forward_and_backward_seconds_per_format},
     {"test_iteration_time_waits_for_the_slowest_class_and_the_previous_all_reduce",
      test_iteration_time_waits_for_the_slowest_class_and_the_previous_all_reduce},
