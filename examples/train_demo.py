@@ -61,6 +61,9 @@ def main():
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--dist-port", type=int, default=29500, help="gloo rendezvous port on 127.0.0.1")
+    ap.add_argument("--dist-file", default=None,
+                    help="rendezvous through this file instead of --dist-port (a path that does not exist "
+                         "yet, the same for every rank: no port to pick, none to collide)")
     ap.add_argument("--log", default=None, help="JSON lines, one per step")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--shift-step", type=int, default=-1, help="turn the blocks' scales around at this step")
@@ -68,8 +71,9 @@ def main():
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     if args.world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.dist_port}", rank=args.rank,
-                                world_size=args.world)
+        init = (f"file://{os.path.abspath(args.dist_file)}" if args.dist_file
+                else f"tcp://127.0.0.1:{args.dist_port}")
+        dist.init_process_group("gloo", init_method=init, rank=args.rank, world_size=args.world)
     model = Model(args.blocks, args.width)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     pt = prism.torch.attach(model.layers, job_id=args.job, rank=args.rank, world_size=args.world, dir=args.dir,

@@ -103,12 +103,14 @@ class Cluster:
 
     def start_trainers(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"))
-        port = free_port()
+        # gloo meets through a file: a port picked free here could be taken by another test before
+        # torch has started.
+        rendezvous = os.path.join(self.dir, "gloo-rendezvous")
         for r in range(WORLD):
             self.trainers[r] = self.spawn(
                 [sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"), "--job", JOB, "--rank", str(r),
                  "--world", str(WORLD), "--dir", os.path.join(self.dir, f"agent{r}"), "--steps", str(STEPS),
-                 "--step-ms", str(STEP_MS), "--dist-port", str(port), "--log", self.logs[r]],
+                 "--step-ms", str(STEP_MS), "--dist-file", rendezvous, "--log", self.logs[r]],
                 f"trainer{r}.log", stdout=subprocess.PIPE, env=env, text=True)
 
     def agent_metrics(self, r):

@@ -382,12 +382,14 @@ class Stack:
 
     def start_trainers(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"), PRISM_LIBRARY=LIBRARY)
-        port = free_port()
+        # gloo meets through a file in the run's directory: a port picked free here could be taken
+        # by another test before torch has started (seen on a busy CI machine).
+        rendezvous = os.path.join(self.dir, "gloo-rendezvous")
         for r in range(WORLD):
             self.spawn(f"trainer{r}", [sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"),
                                        "--job", JOB, "--rank", str(r), "--world", str(WORLD),
                                        "--dir", os.path.join(self.dir, f"agent{r}"), "--steps", str(STEPS),
-                                       "--step-ms", str(STEP_MS), "--dist-port", str(port)], env=env)
+                                       "--step-ms", str(STEP_MS), "--dist-file", rendezvous], env=env)
 
     def start_prometheus(self, rule_paths):
         config = {
