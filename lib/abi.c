@@ -39,7 +39,8 @@ PRISM_ABI(offsetof(prism_quant_config, format) == 0 && offsetof(prism_quant_conf
 PRISM_ABI(offsetof(prism_quant_config, block_size) == 8 && sizeof(prism_quant_config) == 12);
 PRISM_ABI(offsetof(prism_block_layout, name) == 0 && offsetof(prism_block_layout, param_bytes_bf16) == 8);
 PRISM_ABI(offsetof(prism_block_layout, shape) == 16 && offsetof(prism_block_layout, shape_len) == 24);
-PRISM_ABI(sizeof(prism_block_layout) == 32);
+PRISM_ABI(offsetof(prism_block_layout, flops) == 32 && offsetof(prism_block_layout, activation_bytes_bf16) == 40);
+PRISM_ABI(offsetof(prism_block_layout, state_bytes) == 48 && sizeof(prism_block_layout) == 56);
 PRISM_ABI(offsetof(prism_model_layout, model_id) == 0 && offsetof(prism_model_layout, quant) == 8);
 PRISM_ABI(offsetof(prism_model_layout, blocks) == 24 && offsetof(prism_model_layout, n_blocks) == 32);
 PRISM_ABI(sizeof(prism_model_layout) == 40);
@@ -54,7 +55,17 @@ PRISM_ABI(offsetof(prism_client_state, hints_mapped) == 30 && offsetof(prism_cli
 PRISM_ABI(offsetof(prism_client_state, calibration_needed) == 32 && offsetof(prism_client_state, run_calibration) == 33);
 PRISM_ABI(offsetof(prism_client_state, calibration_samples) == 36 && offsetof(prism_client_state, low_precision) == 40);
 PRISM_ABI(offsetof(prism_client_state, hints) == 48 && sizeof(prism_client_state) == 80);
-PRISM_ABI(sizeof(prism_client_counters) == 136); /* 17 uint64_t counters */
+PRISM_ABI(sizeof(prism_client_counters) == 152); /* 19 uint64_t counters */
+PRISM_ABI(offsetof(prism_block_tensor_stats, block_id) == 0 && offsetof(prism_block_tensor_stats, x_l2) == 8);
+PRISM_ABI(offsetof(prism_block_tensor_stats, x_max_abs) == 16 && offsetof(prism_block_tensor_stats, x_numel) == 24);
+PRISM_ABI(offsetof(prism_block_tensor_stats, w_l2) == 32 && offsetof(prism_block_tensor_stats, w_max_abs) == 40);
+PRISM_ABI(offsetof(prism_block_tensor_stats, w_numel) == 48 && offsetof(prism_block_tensor_stats, y_numel) == 56);
+PRISM_ABI(sizeof(prism_block_tensor_stats) == 64);
+PRISM_ABI(offsetof(prism_client_plan, has_plan) == 0 && offsetof(prism_client_plan, high_fp16) == 1);
+PRISM_ABI(offsetof(prism_client_plan, low_format) == 4 && offsetof(prism_client_plan, map_version) == 8);
+PRISM_ABI(offsetof(prism_client_plan, low_blocks) == 16 && offsetof(prism_client_plan, predicted_iteration_seconds) == 24);
+PRISM_ABI(offsetof(prism_client_plan, compute_seconds) == 32 && offsetof(prism_client_plan, device_class) == 40);
+PRISM_ABI(sizeof(prism_client_plan) == 168);
 
 /* include/prism/transfer.h, as python/prism/transfer.py declares it. */
 PRISM_ABI(offsetof(prism_transfer_options, backend) == 0 && offsetof(prism_transfer_options, device) == 4);

@@ -100,6 +100,11 @@ typedef struct prism_block_layout {
     const uint64_t *shape;     /* per parameter tensor: its rank, then its dims (BlockInfo.shape):
                                 * [4096, 4096] and [4096] are 2, 4096, 4096, 1, 4096 */
     size_t shape_len;          /* words in shape (0: no tensors; shape may then be NULL) */
+    /* The hybrid planner's cost figures (BlockInfo, DESIGN 11); 0: unknown. Not part of the
+     * fingerprint. */
+    uint64_t flops;                 /* forward FLOPs of the block per step on this rank */
+    uint64_t activation_bytes_bf16; /* its activations kept for backward, in BF16 bytes */
+    uint64_t state_bytes;           /* bytes no precision changes: parameters, gradients, optimizer state */
 } prism_block_layout;
 
 typedef struct prism_model_layout {
@@ -150,6 +155,29 @@ prism_status prism_client_report_calibration(prism_client *c, prism_precision fo
                                              const uint32_t *block_ids, const double *errors, size_t n,
                                              prism_error *err);
 
+/* One block's weight and input-activation statistics (BlockTensorStats, DESIGN 11), for the
+ * hybrid planner. Either half may be missing: x_numel 0 means no activation figures, w_numel 0 no
+ * weight figures. */
+typedef struct prism_block_tensor_stats {
+    uint32_t block_id;  /* a registered block id */
+    uint32_t reserved;  /* 0 */
+    double x_l2;        /* ||X||_2 of the block's input activations */
+    double x_max_abs;   /* max |X| */
+    uint64_t x_numel;   /* elements of X; 0: no activation figures */
+    double w_l2;        /* ||W||_2 of the block's weights */
+    double w_max_abs;   /* max |W| */
+    uint64_t w_numel;   /* elements of W; 0: no weight figures */
+    uint64_t y_numel;   /* elements of the block's output; 0: unknown */
+} prism_block_tensor_stats;
+
+/* Stages tensor statistics to go out with the next StepReport this client writes whole (any
+ * report_step variant), replacing what was staged before; a report that is dropped leaves them
+ * staged. Copied: the caller's array may be freed. n 0 clears. PRISM_ERR_INVALID names the entry
+ * at fault (an id not registered or given twice, a negative or non-finite figure, reserved not
+ * 0); PRISM_ERR_STATE before prism_client_register. No system call. */
+prism_status prism_client_stage_tensor_stats(prism_client *c, const prism_block_tensor_stats *stats, size_t n,
+                                             prism_error *err);
+
 /* Reads the hint table once and makes the map in effect at `step` the client's: the highest map
  * version whose effective_step <= step. Writes the version back to the table for the agent's Ack
  * when it changed, with the counters the agent exports (client/README.md: reports by outcome,
@@ -164,6 +192,30 @@ uint64_t prism_client_begin_step(prism_client *c, uint64_t step);
  * (0 for NULL). */
 prism_precision prism_client_block_precision(const prism_client *c, uint32_t block);
 uint64_t prism_client_map_version(const prism_client *c);
+
+/* The compute plan (ComputePlan, DESIGN 11) that came with the map in use, from the copy made by
+ * the last begin_step, no system call: the format block `block`'s matrix multiplies run in.
+ * PRISM_PRECISION_BF16 means high (the class's high format, bf16 or fp16, plan.high_fp16 says);
+ * otherwise the plan's low format (INT8 or FP8_E4M3). BF16 without a plan, for ids outside the
+ * registered layout and for a NULL client. */
+prism_precision prism_client_compute_precision(const prism_client *c, uint32_t block);
+
+#define PRISM_CLIENT_DEVICE_CLASS_MAX 128
+
+/* The compute plan in use, as of the last begin_step. */
+typedef struct prism_client_plan {
+    bool has_plan;                 /* false: the map in use came without a plan (every block high) */
+    bool high_fp16;                /* the class's high format is fp16 (else bf16) */
+    prism_precision low_format;    /* INT8 or FP8_E4M3; BF16 without a plan */
+    uint64_t map_version;          /* the map it came with (the map in use) */
+    uint32_t low_blocks;           /* blocks planned low */
+    double predicted_iteration_seconds; /* the job's predicted iteration time T */
+    double compute_seconds;        /* this class's f_k(0) */
+    char device_class[PRISM_CLIENT_DEVICE_CLASS_MAX]; /* NUL-terminated, truncated to fit */
+} prism_client_plan;
+
+/* Fills *out; PRISM_ERR_INVALID for a NULL argument. */
+prism_status prism_client_get_plan(const prism_client *c, prism_client_plan *out, prism_error *err);
 
 /* RuntimeHints (proto) as of the last begin_step: transfer limits for the block pipeline. */
 typedef struct prism_client_runtime_hints {
@@ -218,6 +270,8 @@ typedef struct prism_client_counters {
     uint64_t invalid_calls;         /* calls refused for their arguments or the client's state */
     uint64_t late_switches;         /* maps first used at a step after an earlier begin_step had
                                        already reached their effective step (the map came late) */
+    uint64_t tensor_stats_sent;     /* BlockTensorStats entries that went out in reports written whole */
+    uint64_t plans_applied;         /* compute plans taken with a map at begin_step (a map without one: not counted) */
 } prism_client_counters;
 
 /* Fills *out; PRISM_ERR_INVALID for a NULL argument. */

@@ -163,7 +163,7 @@ static int serve(const char *dir, FILE *in)
 {
     static const uint64_t shape[] = {2, 4, 4};
     static const prism_block_layout blocks[] = {
-        {"b0", 32, shape, 3}, {"b1", 32, shape, 3}, {"b2", 32, shape, 3}, {"b3", 32, shape, 3}};
+        {"b0", 32, shape, 3, 0, 0, 0}, {"b1", 32, shape, 3, 0, 0, 0}, {"b2", 32, shape, 3, 0, 0, 0}, {"b3", 32, shape, 3, 0, 0, 0}};
     prism_client *c = NULL;
     char line[512];
     while (fgets(line, sizeof line, in)) {

@@ -64,10 +64,10 @@ static const uint64_t shape_embed[] = {2, 1000, 64};
 static const uint64_t shape_layer[] = {2, 64, 64, 1, 64};
 
 static const prism_block_layout test_blocks[] = {
-    {"model.embed", 128000, shape_embed, 3},
-    {"model.layers.0", 8320, shape_layer, 5},
-    {"model.layers.1", 8320, shape_layer, 5},
-    {"lm_head", 0, NULL, 0},
+    {"model.embed", 128000, shape_embed, 3, 0, 0, 0},
+    {"model.layers.0", 8320, shape_layer, 5, 0, 0, 0},
+    {"model.layers.1", 8320, shape_layer, 5, 0, 0, 0},
+    {"lm_head", 0, NULL, 0, 0, 0, 0},
 };
 
 static prism_model_layout test_layout(void)

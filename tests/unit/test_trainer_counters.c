@@ -56,7 +56,7 @@ static void test_late_switches_and_drops_are_counted_and_published(void)
                               .reconnect_interval_ms = 60000};
     prism_client *c = NULL;
     CU_ASSERT_EQUAL_FATAL(prism_client_open(&o, &c, &err), PRISM_OK);
-    static const prism_block_layout blocks[] = {{"b0", 32, NULL, 0}, {"b1", 32, NULL, 0}};
+    static const prism_block_layout blocks[] = {{"b0", 32, NULL, 0, 0, 0, 0}, {"b1", 32, NULL, 0, 0, 0, 0}};
     prism_model_layout layout = {.model_id = "m", .quant = {.format = PRISM_PRECISION_INT8,
                                  .granularity = PRISM_GRANULARITY_BLOCK}, .blocks = blocks, .n_blocks = 2};
     CU_ASSERT_EQUAL_FATAL(prism_client_register(c, &layout, &err), PRISM_OK);

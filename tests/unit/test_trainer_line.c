@@ -180,7 +180,7 @@ static void test_the_apply_lag_bucket_edges_are_inclusive_upper_bounds(void)
     CU_ASSERT_EQUAL(PRISM_HINTS_LAG_BUCKETS, 12);
 }
 
-static const prism_block_layout blocks[] = {{"b0", 32, NULL, 0}, {"b1", 32, NULL, 0}};
+static const prism_block_layout blocks[] = {{"b0", 32, NULL, 0, 0, 0, 0}, {"b1", 32, NULL, 0, 0, 0, 0}};
 
 static prism_client *open_client(const char *dir)
 {
