@@ -281,6 +281,7 @@ class Attachment:
         self.compute_low_block_steps = 0
         self.plan_map_version = 0
         self._patched = {}  # block -> [(linear, the instance's own forward before, or None)]
+        self._plan_read_for = None  # the map version whose plan compute_low holds
         # Tensor statistics (tensor_stats_every): this step's figures, and CUDA ones on their way.
         self.tensor_stats_every = tensor_stats_every if self.has_plans else 0
         self._sampling = False
@@ -356,12 +357,14 @@ class Attachment:
         """Patches the Linears of the blocks the plan in use puts low, unpatches the others."""
         if not self.has_plans:
             return
-        low = {b: p for b, p in enumerate(self.client.compute_precisions()) if p != "bf16"}
-        if low != self.compute_low:
-            self._set_compute(low)
-        self.compute_low_block_steps += len(low)
-        plan = self.client.plan()
-        self.plan_map_version = plan["map_version"] if plan else 0
+        if version != self._plan_read_for:  # a plan comes only with a map: same map, same plan
+            self._plan_read_for = version
+            low = {b: p for b, p in enumerate(self.client.compute_precisions()) if p != "bf16"}
+            if low != self.compute_low:
+                self._set_compute(low)
+            plan = self.client.plan()
+            self.plan_map_version = plan["map_version"] if plan else 0
+        self.compute_low_block_steps += len(self.compute_low)
 
     def _set_compute(self, low):
         for b in [b for b in self._patched if self.compute_low.get(b) != low.get(b)]:
