@@ -110,12 +110,32 @@ def fake_quantize(w, fmt, granularity="block", block=128):
 
 def _dequantized(t, fmt, granularity):
     """t quantized to fmt by Prism's kernels (granularity "tensor" or "row": one scale per row of
-    t.shape[-1] elements) and dequantized again, in t's dtype and shape."""
+    t.shape[-1] elements) and dequantized again, in t's dtype and shape: what kernels.quantize and
+    kernels.dequantize give, but with nothing read back from a GPU (no NaN/Inf count), so a CUDA
+    forward pass never waits here."""
     src = t.detach().contiguous()
     if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         src = src.float()
-    codes, scales = kernels.quantize(src, fmt, granularity)
-    out = kernels.dequantize(codes, scales, fmt, numel=tuple(src.shape), granularity=granularity, dtype=src.dtype)
+    if src.numel() == 0:
+        return t.detach().clone()
+    spec = kernels._spec(fmt, granularity, 128, None, default_row=src.shape[-1] if src.dim() else 1)
+    lay = kernels._layout(spec, src.numel())
+    codes = torch.empty(lay.code_bytes, dtype=torch.uint8, device=src.device)
+    scales = torch.empty(lay.groups, dtype=torch.float32, device=src.device)
+    out = torch.empty(src.shape, dtype=src.dtype, device=src.device)
+    x = kernels._arg(src, "x", "float")
+    tensor = x.tensor()
+    if src.is_cuda:
+        kernels._cuda_call("prism_quantize_cuda", src.device, ctypes.byref(spec), ctypes.byref(tensor),
+                           codes.data_ptr(), scales.data_ptr(), None)
+        kernels._cuda_call("prism_dequantize_cuda", src.device, ctypes.byref(spec), codes.data_ptr(),
+                           scales.data_ptr(), src.numel(), out.data_ptr(), x.dtype)
+    else:
+        lib = _lib.load()
+        kernels._host_call(lib.prism_quantize_cpu, ctypes.byref(spec), ctypes.byref(tensor), codes.data_ptr(),
+                           scales.data_ptr(), None)
+        kernels._host_call(lib.prism_dequantize_cpu, ctypes.byref(spec), codes.data_ptr(), scales.data_ptr(),
+                           src.numel(), out.data_ptr(), x.dtype)
     return out.to(t.dtype)
 
 
@@ -420,11 +440,12 @@ class Attachment:
         w_numel = [sum(p.numel() for p in ps) for ps in self.params]
         if self.device.type == "cuda":
             buf = self._stats_slots(self.device)
-            _stats_launch([list(ps) for ps in self.params], buf[n * _STATS_BYTES:])
-            host = torch.empty(buf.numel(), dtype=torch.uint8, pin_memory=True)
-            host.copy_(buf, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            with torch.cuda.device(self.device):  # the copy and the event on that device's current stream
+                _stats_launch([list(ps) for ps in self.params], buf[n * _STATS_BYTES:])
+                host = torch.empty(buf.numel(), dtype=torch.uint8, pin_memory=True)
+                host.copy_(buf, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
             self._pending.append((event, host, dict(self._x), dict(self._y), w_numel))
             self._stats_buf = None  # the next step writes a new one
             self._collect_stats()
