@@ -403,7 +403,6 @@ class Client:
         "w_max_abs", "w_numel", "y_numel" (absent: 0; x_numel 0 means no activation figures,
         w_numel 0 no weight figures). PrismInvalidError names the entry at fault; PrismError
         UNAVAILABLE when the library predates the call."""
-        fn = _plan_fn(self._dll, "prism_client_stage_tensor_stats")
         n = len(stats)
         arr = (BlockTensorStats * max(n, 1))()
         for i, e in enumerate(stats):
@@ -421,6 +420,7 @@ class Client:
                 v = e.get(k, 0)
                 figures[k] = _u64(v, f"stats[{i}].{k}") if k.endswith("_numel") else float(v)
             arr[i] = BlockTensorStats(block_id=int(block), **figures)
+        fn = _plan_fn(self._dll, "prism_client_stage_tensor_stats")
         err = _lib.Error()
         _lib.raise_for(fn(self._handle(), arr, n, ctypes.byref(err)), err)
 

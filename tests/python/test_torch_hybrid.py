@@ -19,6 +19,7 @@ With libprism's plan calls (prism_client_get_plan ...; the class skips without t
     unchanged.
 Every wait is bounded."""
 
+import json
 import math
 import os
 import shutil
@@ -196,6 +197,36 @@ class Costs(unittest.TestCase):
                          ({"name": "a", "shapes": [], "flopz": 1}, r"blocks\[0\]: unknown key 'flopz'")):
             with self.assertRaisesRegex(prism.PrismInvalidError, msg):
                 prism.fingerprint("m", [bad])
+
+
+class ClientWithoutAgent(unittest.TestCase):
+    def test_stage_tensor_stats_checks_entries_and_the_getters_answer_without_a_plan(self):
+        d = tempfile.mkdtemp(prefix="prism-torch-hybrid-client-")
+        try:
+            c = prism.Client(job_id="j", dir=d, reconnect_interval_ms=60000)
+            c.register("m", [("a", [(2,)]), ("b", [(2,)])])
+            for bad, msg in (([{"x_l2": 1.0}], r"stats\[0\]: 'block_id' is missing"),
+                             ([{"block_id": 0}, {"block_id": -1}], r"stats\[1\]\.block_id: -1 is not a block id"),
+                             ([{"block_id": 0, "y_numel": 2 ** 64}], r"stats\[0\]\.y_numel"),
+                             ([{"block_id": 0, "w_numel": 1.0}], r"stats\[0\]\.w_numel: 1\.0"),
+                             ([{"block_id": 1, "x_l3": 1}], r"stats\[0\]: unknown key 'x_l3'")):
+                with self.assertRaisesRegex(prism.PrismInvalidError, msg):
+                    c.stage_tensor_stats(bad)
+            c.begin_step(0)
+            self.assertIsNone(c.plan())  # no map, no plan
+            self.assertEqual(c.compute_precisions(), ["bf16", "bf16"])
+            self.assertEqual(c.compute_precision(7), "bf16")
+            if not HAS_PLANS:
+                with self.assertRaisesRegex(prism.PrismError, "lacks|has no prism_client_stage_tensor_stats"):
+                    c.stage_tensor_stats([{"block_id": 0}])
+            else:
+                c.stage_tensor_stats([{"block_id": 0, "x_l2": 1.0, "x_max_abs": 1.0, "x_numel": 2}])
+                c.stage_tensor_stats([])
+            n = c.counters()
+            self.assertEqual((n["tensor_stats_sent"], n["plans_applied"]), (0, 0))
+            c.close()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 class LowLinear(unittest.TestCase):
@@ -491,8 +522,59 @@ class WithAnAgent(unittest.TestCase):
             self.prismd.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def test_plans_reach_the_trainer_at_their_effective_steps(self):
+    def start_agent(self, prismd):
+        """A prism-agent on self.dir with prismd as its upstream, ready; returns its metrics address."""
         from prismtest import free_port, http_get, wait_for
+        metrics = f"127.0.0.1:{free_port()}"
+        log = os.open(os.path.join(self.dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.agent = subprocess.Popen(
+                [os.path.join(BUILD, "agent", "prism-agent"), "--prismd", f"127.0.0.1:{prismd.port}", "--dir",
+                 self.dir, "--metrics-listen", metrics, "--device", "cpu", "--profile-budget-ms", "100"],
+                stdout=subprocess.DEVNULL, stderr=log)
+        finally:
+            os.close(log)
+        wait_for("the agent's /readyz", lambda: http_get(metrics, "/readyz", openapi=False)[0] == 200)
+        return metrics
+
+    def test_train_demo_hybrid_records_the_blocks_run_low(self):
+        from prism.v1 import prism_pb2 as pb
+        plan = pb.ComputePlan(device_class="t4", low_format=pb.INT8, high_format="bf16", low_blocks=[1, 3],
+                              predicted_iteration_seconds=1.0, compute_seconds=0.5)
+        first = pb.PrecisionUpdate(job_id="demo", map_version=1, effective_step=0, full=True)
+        # sent after the report of step 2, in force from step 60: about 3 s of 50 ms steps to get there
+        second = pb.PrecisionUpdate(job_id="demo", map_version=2, decided_step=2, effective_step=60, full=True,
+                                    compute_plan=plan)
+        self.prismd = FakePrismd(first, [(2, second)])
+        self.start_agent(self.prismd)
+        log = os.path.join(self.dir, "demo.jsonl")
+        env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"))
+        out = subprocess.run([sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"), "--job", "demo",
+                              "--dir", self.dir, "--steps", "80", "--step-ms", "50", "--blocks", "4", "--width", "16",
+                              "--hybrid", "--tensor-stats-every", "5", "--log", log],
+                             capture_output=True, text=True, timeout=240, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(log) as f:
+            rows = [json.loads(line) for line in f]
+        self.assertEqual([r["step"] for r in rows], list(range(80)))
+        for r in rows:  # (version 1 comes with the Welcome, which the demo does not wait for)
+            want = ([1, 3], 2, 2) if r["step"] >= 60 else ([], 0, min(r["map_version"], 1))
+            self.assertEqual((r["compute_low"], r["plan_map_version"], r["map_version"]), want, r["step"])
+        summary = json.loads(out.stdout.strip().splitlines()[-1])
+        self.assertEqual(summary["counters"]["compute_low_block_steps"], 20 * 2)
+        self.assertEqual(summary["counters"]["plans_applied"], 1)
+        # Linear(16, 16) on batches of 32 rows; 272 FP32 parameters with Adam's 8 bytes
+        self.assertEqual({(b.flops, b.activation_bytes_bf16, b.state_bytes) for b in self.prismd.hellos[0].layout.blocks},
+                         {(2 * 16 * 16 * 32, 2 * 32 * 16, 272 * 16)})
+        # Statistics every 5 steps (a report the client had to drop leaves them for the next one)
+        with_stats = [r for r in self.prismd.reports if r.tensor_stats]
+        for s in range(10, 80, 5):
+            self.assertTrue(any(s <= r.step < s + 5 for r in with_stats), f"no statistics sent for step {s}")
+        self.assertEqual([(t.block_id, t.x_numel, t.y_numel, t.w_numel) for t in with_stats[-1].tensor_stats],
+                         [(b, 32 * 16, 32 * 16, 272) for b in range(4)])
+
+    def test_plans_reach_the_trainer_at_their_effective_steps(self):
+        from prismtest import http_get, wait_for
         from prism.v1 import prism_pb2 as pb
 
         def update(version, effective, plan=None):
@@ -509,15 +591,7 @@ class WithAnAgent(unittest.TestCase):
         # version 1 (Welcome) from step 0: block 0 low; version 2 from step 6: blocks 1, 2;
         # version 3 from step 9 without a plan: every block high.
         self.prismd = FakePrismd(update(1, 0, fast), [(2, update(2, 6, slow)), (6, update(3, 9))])
-        metrics = f"127.0.0.1:{free_port()}"
-        log = os.open(os.path.join(self.dir, "agent.log"), os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            self.agent = subprocess.Popen(
-                [os.path.join(BUILD, "agent", "prism-agent"), "--prismd", f"127.0.0.1:{self.prismd.port}", "--dir",
-                 self.dir, "--metrics-listen", metrics, "--device", "cpu", "--profile-budget-ms", "100"],
-                stdout=subprocess.DEVNULL, stderr=log)
-        finally:
-            os.close(log)
+        metrics = self.start_agent(self.prismd)
 
         def agent_metric(name):
             status, text = http_get(metrics, "/metrics", openapi=False)
@@ -525,7 +599,6 @@ class WithAnAgent(unittest.TestCase):
                 if line.startswith(name + " "):
                     return float(line.split()[1])
             return None
-        wait_for("the agent's /readyz", lambda: http_get(metrics, "/readyz", openapi=False)[0] == 200)
         blocks = make_blocks()
         x = torch.randn(2, 3, 8)
         a = pt.attach(blocks, job_id="hy", dir=self.dir, model_id="m", reconnect_interval_ms=50,
