@@ -181,6 +181,7 @@ def low_linear(x, weight, bias, fmt):
 
 
 def _low_forward(module, fmt, x):
+    """The forward a Linear of a block planned low gets (bound with functools.partial)."""
     return low_linear(x, module.weight, module.bias, fmt)
 
 
@@ -223,6 +224,7 @@ def default_state_bytes(params, optimizer_state_bytes_per_param=8):
 
 
 def _first_float(values):
+    """The first floating-point tensor among values, or None."""
     for v in values:
         if torch.is_tensor(v) and v.is_floating_point():
             return v
@@ -236,6 +238,7 @@ def _stats_now(tensors):
 
 
 def _kernel_view(t):
+    """t as the statistics kernel takes it: detached, contiguous, float32/bfloat16/float16."""
     t = t.detach()
     if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         t = t.float()
@@ -387,6 +390,9 @@ class Attachment:
         self.compute_low_block_steps += len(self.compute_low)
 
     def _set_compute(self, low):
+        """Makes exactly the blocks of `low` ({block: format}) run their Linears low: a block that
+        leaves it (or changes format) gets each Linear's own forward back (the instance's, if it
+        had one, else the class's); a block that enters it gets low_forward in its Linears."""
         for b in [b for b in self._patched if self.compute_low.get(b) != low.get(b)]:
             for m, before in self._patched.pop(b):
                 if before is None:
@@ -471,6 +477,9 @@ class Attachment:
         self._stage(self._entries(lambda b: half(xs[b]), xs, ys, w))
 
     def _entries(self, x_of, xs, ys, w):
+        """One stage_tensor_stats entry per block: the input half from x_of(b) for the blocks in xs
+        (others: none), the weight half from w[b], the output numel from ys; a half with a
+        non-finite figure is left out (numel 0) rather than refused."""
         out = []
         for b in range(len(self.blocks)):
             x_l2, x_max, x_n = _finite_half(*x_of(b)) if b in xs else (0.0, 0.0, 0)
@@ -480,6 +489,7 @@ class Attachment:
         return out
 
     def _stage(self, entries):
+        """Hands the entries to the client for its next report, and keeps them (staged_tensor_stats)."""
         self.client.stage_tensor_stats(entries)
         self.staged_tensor_stats = entries
 

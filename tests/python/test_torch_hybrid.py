@@ -29,7 +29,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import torch
@@ -564,8 +563,8 @@ class WithAnAgent(unittest.TestCase):
         self.assertEqual(summary["counters"]["compute_low_block_steps"], 20 * 2)
         self.assertEqual(summary["counters"]["plans_applied"], 1)
         # Linear(16, 16) on batches of 32 rows; 272 FP32 parameters with Adam's 8 bytes
-        self.assertEqual({(b.flops, b.activation_bytes_bf16, b.state_bytes) for b in self.prismd.hellos[0].layout.blocks},
-                         {(2 * 16 * 16 * 32, 2 * 32 * 16, 272 * 16)})
+        costs = {(b.flops, b.activation_bytes_bf16, b.state_bytes) for b in self.prismd.hellos[0].layout.blocks}
+        self.assertEqual(costs, {(2 * 16 * 16 * 32, 2 * 32 * 16, 272 * 16)})
         # Statistics every 5 steps (a report the client had to drop leaves them for the next one)
         with_stats = [r for r in self.prismd.reports if r.tensor_stats]
         for s in range(10, 80, 5):
