@@ -10,9 +10,16 @@ blocks' gradients differ by orders of magnitude and the policy has something to 
 --shift-step S the scales turn around at step S (block i gets 2^-(blocks-1-i)), so quiet blocks
 become sensitive and the map changes again, both ways, past the policy's hysteresis.
 
+With --hybrid (DESIGN 11) the layout carries each block's forward FLOPs and activation bytes,
+measured by one forward pass at attach (prism.torch's profile_forward), and every
+--tensor-stats-every steps the reports carry the blocks' weight and input statistics; the blocks
+that the compute plan of the map in use puts low run their Linears in the low format.
+
 Every step appends one JSON line to --log: step, loss, map_version, effective_step, the block
-precisions, and whether the client is connected. At the end it prints a summary line (JSON) with
-the client's counters and the switches it saw."""
+precisions, whether the client is connected, and the compute plan's part: compute_low (the ids
+of the blocks that ran low in that step) and plan_map_version (the map the plan came with, 0:
+none). At the end it prints a summary line (JSON) with the client's counters and the switches
+it saw."""
 
 import argparse
 import json
@@ -67,6 +74,12 @@ def main():
     ap.add_argument("--log", default=None, help="JSON lines, one per step")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--shift-step", type=int, default=-1, help="turn the blocks' scales around at this step")
+    ap.add_argument("--hybrid", action="store_true",
+                    help="measure the blocks' FLOPs and activation bytes at attach and send weight and input "
+                         "statistics (for prismd's hybrid plans)")
+    ap.add_argument("--tensor-stats-every", type=int, default=5,
+                    help="with --hybrid: send the statistics every N steps (default 5; use the job's "
+                         "update_interval_steps)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
@@ -76,9 +89,16 @@ def main():
         dist.init_process_group("gloo", init_method=init, rank=args.rank, world_size=args.world)
     model = Model(args.blocks, args.width)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    hybrid = {}
+    if args.hybrid:
+        if args.tensor_stats_every < 1:
+            ap.error("--tensor-stats-every: must be at least 1")
+        probe = torch.Generator().manual_seed(9)  # its own generator: the training batches stay the same
+        hybrid = dict(profile_forward=lambda: model(torch.randn(32, args.width, generator=probe)),
+                      tensor_stats_every=args.tensor_stats_every)
     pt = prism.torch.attach(model.layers, job_id=args.job, rank=args.rank, world_size=args.world, dir=args.dir,
                             model_id=f"train_demo-{args.blocks}x{args.width}",
-                            names=[f"layers.{i}" for i in range(args.blocks)], reconnect_interval_ms=200)
+                            names=[f"layers.{i}" for i in range(args.blocks)], reconnect_interval_ms=200, **hybrid)
     gen = torch.Generator().manual_seed(1000 + args.rank)
     target_w = torch.randn(args.width, 1, generator=torch.Generator().manual_seed(7))
     log = open(args.log, "a", buffering=1) if args.log else None
@@ -108,7 +128,9 @@ def main():
         if log:
             log.write(json.dumps({"step": step, "loss": loss.item(), "map_version": version,
                                   "effective_step": state["effective_step"], "precisions": pt.precisions(),
-                                  "connected": state["connected"], "upstream": state["upstream_connected"]}) + "\n")
+                                  "connected": state["connected"], "upstream": state["upstream_connected"],
+                                  "compute_low": pt.compute_low_blocks(),
+                                  "plan_map_version": pt.plan_map_version}) + "\n")
         left = args.step_ms / 1000 - (time.monotonic() - t0)
         if left > 0:
             time.sleep(left)

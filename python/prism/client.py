@@ -9,12 +9,20 @@ conversation with its prism-agent.
         ...
         c.report_step(step, [[grads of block 0], [grads of block 1], ...], loss=2.9)
 
+Hybrid devices (DESIGN 11): register's blocks may be dicts carrying the planner's cost figures
+(flops, activation_bytes_bf16, state_bytes); stage_tensor_stats([...]) adds weight and
+activation statistics to the next report; compute_precision(b) / compute_precisions() / plan()
+read the compute plan that came with the map in use. A libprism built before those calls loads
+all the same: has_plans() is False, stage_tensor_stats raises PrismError (UNAVAILABLE), and the
+getters answer "no plan".
+
 Like the C client, nothing here ever blocks the training step or raises because the agent is
 missing: a report that cannot go out is dropped and counted (`counters()`); report_* return
 False then. Bad arguments raise PrismInvalidError (a ValueError).
 """
 
 import ctypes
+import numbers
 
 from . import _lib
 from .kernels import block_tensors
@@ -37,7 +45,9 @@ class QuantConfig(ctypes.Structure):
 
 class BlockLayout(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("param_bytes_bf16", ctypes.c_uint64),
-                ("shape", ctypes.POINTER(ctypes.c_uint64)), ("shape_len", ctypes.c_size_t)]
+                ("shape", ctypes.POINTER(ctypes.c_uint64)), ("shape_len", ctypes.c_size_t),
+                ("flops", ctypes.c_uint64), ("activation_bytes_bf16", ctypes.c_uint64),
+                ("state_bytes", ctypes.c_uint64)]
 
 
 class ModelLayout(ctypes.Structure):
@@ -64,11 +74,31 @@ class ClientState(ctypes.Structure):
 _COUNTER_NAMES = ("reports_sent", "reports_dropped", "calibrations_sent", "calibrations_dropped", "hellos_sent",
                   "bytes_sent", "send_errors", "connects", "reconnects", "connect_failures", "disconnects",
                   "hint_reads", "hint_read_failures", "hint_open_failures", "hint_remaps", "invalid_calls",
-                  "late_switches")
+                  "late_switches", "tensor_stats_sent", "plans_applied")
 
 
 class ClientCounters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in _COUNTER_NAMES]
+
+
+class BlockTensorStats(ctypes.Structure):
+    """prism_block_tensor_stats: one block's weight and input-activation figures (DESIGN 11)."""
+
+    _fields_ = [("block_id", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("x_l2", ctypes.c_double),
+                ("x_max_abs", ctypes.c_double), ("x_numel", ctypes.c_uint64), ("w_l2", ctypes.c_double),
+                ("w_max_abs", ctypes.c_double), ("w_numel", ctypes.c_uint64), ("y_numel", ctypes.c_uint64)]
+
+
+DEVICE_CLASS_MAX = 128
+
+
+class ClientPlan(ctypes.Structure):
+    """prism_client_plan: the compute plan that came with the map in use."""
+
+    _fields_ = [("has_plan", ctypes.c_bool), ("high_fp16", ctypes.c_bool), ("low_format", ctypes.c_int),
+                ("map_version", ctypes.c_uint64), ("low_blocks", ctypes.c_uint32),
+                ("predicted_iteration_seconds", ctypes.c_double), ("compute_seconds", ctypes.c_double),
+                ("device_class", ctypes.c_char * DEVICE_CLASS_MAX)]
 
 
 _P = ctypes.POINTER
@@ -96,6 +126,14 @@ PROTOTYPES = {
     "prism_client_last_error": (ctypes.c_char_p, [_vp]),
 }
 
+# The hybrid plans' part of the client (issue 15): a library built before it lacks them, and the
+# binding then says so (has_plans() False) instead of failing to load.
+PLAN_PROTOTYPES = {
+    "prism_client_stage_tensor_stats": (_st, [_vp, _P(BlockTensorStats), ctypes.c_size_t, _errp]),
+    "prism_client_compute_precision": (ctypes.c_int, [_vp, ctypes.c_uint32]),
+    "prism_client_get_plan": (_st, [_vp, _P(ClientPlan), _errp]),
+}
+
 
 # include/prism/cuda.h, in a library built with CUDA: the stream is a cudaStream_t.
 CUDA_PROTOTYPES = {
@@ -111,13 +149,28 @@ def _dll():
             fn = getattr(lib.dll, name)
             fn.restype = restype
             fn.argtypes = argtypes
-        for name, (restype, argtypes) in CUDA_PROTOTYPES.items():
+        for name, (restype, argtypes) in (*CUDA_PROTOTYPES.items(), *PLAN_PROTOTYPES.items()):
             fn = getattr(lib.dll, name, None)
             if fn is not None:
                 fn.restype = restype
                 fn.argtypes = argtypes
         lib._client_declared = True
     return lib.dll
+
+
+def has_plans():
+    """Whether the loaded libprism has the compute-plan calls (prism_client_stage_tensor_stats,
+    prism_client_compute_precision, prism_client_get_plan)."""
+    dll = _dll()
+    return all(getattr(dll, name, None) is not None for name in PLAN_PROTOTYPES)
+
+
+def _plan_fn(dll, name):
+    fn = getattr(dll, name, None)
+    if fn is None:
+        raise _lib.PrismError(_lib.Status.UNAVAILABLE, f"{_lib.load().path} has no {name}: it was built before "
+                              "the compute plans (issue 15)")
+    return fn
 
 
 def _precision_value(name, param):
@@ -147,18 +200,53 @@ class _Layout:
         n = len(blocks)
         self.array = (BlockLayout * max(n, 1))()
         for i, b in enumerate(blocks):
-            name, shapes = b[0], b[1]
-            nbytes = b[2] if len(b) > 2 else 2 * sum(_numel(s) for s in shapes)
+            name, shapes, nbytes, costs = _block_fields(i, b)
             encoded = name.encode("utf-8")
             words = _shape_words(shapes)
             arr = (ctypes.c_uint64 * max(len(words), 1))(*words)
             self.names.append(encoded)
             self.shapes.append(arr)
-            self.array[i] = BlockLayout(encoded, int(nbytes), arr, len(words))
+            self.array[i] = BlockLayout(encoded, nbytes, arr, len(words), *costs)
         self.model_id = model_id.encode("utf-8")
         quant = QuantConfig(_precision_value(low_precision, "low_precision"), _GRANULARITIES[granularity],
                             int(block_size))
         self.layout = ModelLayout(self.model_id, quant, self.array, n)
+
+
+_TENSOR_STATS_KEYS = ("block_id", "x_l2", "x_max_abs", "x_numel", "w_l2", "w_max_abs", "w_numel", "y_numel")
+_BLOCK_KEYS = ("name", "shapes", "param_bytes_bf16", "flops", "activation_bytes_bf16", "state_bytes")
+_COST_KEYS = ("flops", "activation_bytes_bf16", "state_bytes")
+
+
+def _u64(value, param):
+    """value as a C uint64_t, or PrismInvalidError naming param (ctypes would wrap a negative one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < 1 << 64:
+        raise _lib.PrismInvalidError(_lib.Status.INVALID, f"{param}: {value!r} is not an integer in [0, 2^64)")
+    return int(value)
+
+
+def _block_fields(i, b):
+    """(name, shapes, param_bytes_bf16, (flops, activation_bytes_bf16, state_bytes)) of one block
+    given as (name, shapes), (name, shapes, param_bytes_bf16) or a dict with the keys of
+    _BLOCK_KEYS (name and shapes required; param_bytes_bf16 defaults to 2 bytes per element of
+    the shapes, the cost figures to 0, unknown)."""
+    if isinstance(b, dict):
+        unknown = sorted(set(b) - set(_BLOCK_KEYS))
+        if unknown:
+            raise _lib.PrismInvalidError(_lib.Status.INVALID, f"blocks[{i}]: unknown key {unknown[0]!r} "
+                                         f"(known: {', '.join(_BLOCK_KEYS)})")
+        for key in ("name", "shapes"):
+            if key not in b:
+                raise _lib.PrismInvalidError(_lib.Status.INVALID, f"blocks[{i}]: {key!r} is missing")
+        name, shapes, nbytes = b["name"], b["shapes"], b.get("param_bytes_bf16")
+        costs = tuple(_u64(b.get(k, 0), f"blocks[{i}].{k}") for k in _COST_KEYS)
+    else:
+        name, shapes = b[0], b[1]
+        nbytes = b[2] if len(b) > 2 else None
+        costs = (0, 0, 0)
+    if nbytes is None:
+        nbytes = 2 * sum(_numel(s) for s in shapes)
+    return name, shapes, _u64(nbytes, f"blocks[{i}].param_bytes_bf16"), costs
 
 
 def _numel(shape):
@@ -170,7 +258,8 @@ def _numel(shape):
 
 def fingerprint(model_id, blocks, low_precision="int8", granularity="block", block_size=128):
     """The layout's fingerprint (DESIGN 4.5, the encoding in include/prism/client.h) as 32 bytes.
-    blocks: [(name, [shape, ...]) or (name, [shape, ...], param_bytes_bf16)]."""
+    blocks: [(name, [shape, ...]) or (name, [shape, ...], param_bytes_bf16) or a dict, as for
+    Client.register] (the cost figures are not part of it)."""
     lay = _Layout(model_id, blocks, low_precision, granularity, block_size)
     out = (ctypes.c_uint8 * FINGERPRINT_BYTES)()
     err = _lib.Error()
@@ -216,8 +305,12 @@ class Client:
         return self._c
 
     def register(self, model_id, blocks, low_precision="int8", granularity="block", block_size=128):
-        """Registers the model: blocks [(name, [shape, ...]) or (name, shapes, param_bytes_bf16)],
-        ids in list order. Returns the fingerprint (32 bytes)."""
+        """Registers the model; blocks in id order, each (name, [shape, ...]), (name, shapes,
+        param_bytes_bf16) or a dict {"name", "shapes", "param_bytes_bf16"?, "flops"?,
+        "activation_bytes_bf16"?, "state_bytes"?} (the hybrid planner's cost figures, DESIGN 11:
+        forward FLOPs per step, activations kept for backward in BF16 bytes, bytes no precision
+        changes; absent: 0, unknown; param_bytes_bf16 absent: 2 bytes per element of the shapes).
+        Returns the fingerprint (32 bytes)."""
         lay = _Layout(model_id, blocks, low_precision, granularity, block_size)
         err = _lib.Error()
         _lib.raise_for(self._dll.prism_client_register(self._handle(), ctypes.byref(lay.layout), ctypes.byref(err)),
@@ -302,6 +395,77 @@ class Client:
         st = self._dll.prism_client_report_calibration(self._handle(), _precision_value(fmt, "format"), int(samples),
                                                        id_arr, val, len(ids), ctypes.byref(err))
         return self._sent(st, err)
+
+    def stage_tensor_stats(self, stats):
+        """Stages weight and input-activation statistics (prism_client_stage_tensor_stats) to go
+        out with the next report written whole, replacing what was staged; [] clears. stats: a
+        list of dicts with "block_id" and any of "x_l2", "x_max_abs", "x_numel", "w_l2",
+        "w_max_abs", "w_numel", "y_numel" (absent: 0; x_numel 0 means no activation figures,
+        w_numel 0 no weight figures). PrismInvalidError names the entry at fault; PrismError
+        UNAVAILABLE when the library predates the call."""
+        n = len(stats)
+        arr = (BlockTensorStats * max(n, 1))()
+        for i, e in enumerate(stats):
+            unknown = sorted(set(e) - set(_TENSOR_STATS_KEYS))
+            if unknown:
+                raise _lib.PrismInvalidError(_lib.Status.INVALID, f"stats[{i}]: unknown key {unknown[0]!r} "
+                                             f"(known: {', '.join(_TENSOR_STATS_KEYS)})")
+            if "block_id" not in e:
+                raise _lib.PrismInvalidError(_lib.Status.INVALID, f"stats[{i}]: 'block_id' is missing")
+            block = e["block_id"]
+            if isinstance(block, bool) or not isinstance(block, numbers.Integral) or not 0 <= block < 1 << 32:
+                raise _lib.PrismInvalidError(_lib.Status.INVALID, f"stats[{i}].block_id: {block!r} is not a block id")
+            figures = {}
+            for k in _TENSOR_STATS_KEYS[1:]:
+                v = e.get(k, 0)
+                figures[k] = _u64(v, f"stats[{i}].{k}") if k.endswith("_numel") else float(v)
+            arr[i] = BlockTensorStats(block_id=int(block), **figures)
+        fn = _plan_fn(self._dll, "prism_client_stage_tensor_stats")
+        err = _lib.Error()
+        _lib.raise_for(fn(self._handle(), arr, n, ctypes.byref(err)), err)
+
+    def has_plans(self):
+        """Whether the loaded libprism has the compute-plan calls (see prism.client.has_plans)."""
+        return has_plans()
+
+    def compute_precision(self, block):
+        """The format block `block`'s matrix multiplies run in under the compute plan of the map in
+        use (prism_client_compute_precision): "bf16" means the class's high format (bf16 or fp16,
+        plan() says), else the plan's low format ("int8" or "fp8_e4m3"). "bf16" without a plan,
+        and with a library that predates compute plans."""
+        fn = getattr(self._dll, "prism_client_compute_precision", None)
+        if fn is None:
+            self._handle()
+            return "bf16"
+        return PRECISIONS[fn(self._handle(), int(block))]
+
+    def compute_precisions(self):
+        """compute_precision of every registered block, in id order."""
+        fn = getattr(self._dll, "prism_client_compute_precision", None)
+        h = self._handle()
+        if fn is None:
+            return ["bf16"] * self._n_blocks
+        return [PRECISIONS[fn(h, b)] for b in range(self._n_blocks)]
+
+    def plan(self):
+        """The compute plan that came with the map in use, as of the last begin_step, as a dict
+        (map_version, device_class, high_format "bf16" or "fp16", low_format, low_blocks: how many
+        blocks are planned low, predicted_iteration_seconds, compute_seconds), or None without
+        one (every block runs high; also with a library that predates compute plans)."""
+        fn = getattr(self._dll, "prism_client_get_plan", None)
+        h = self._handle()
+        if fn is None:
+            return None
+        p = ClientPlan()
+        err = _lib.Error()
+        _lib.raise_for(fn(h, ctypes.byref(p), ctypes.byref(err)), err)
+        if not p.has_plan:
+            return None
+        return {"map_version": int(p.map_version), "device_class": p.device_class.decode("utf-8", "replace"),
+                "high_format": "fp16" if p.high_fp16 else "bf16",
+                "low_format": PRECISIONS[p.low_format] if 0 <= p.low_format < len(PRECISIONS) else str(p.low_format),
+                "low_blocks": int(p.low_blocks), "predicted_iteration_seconds": p.predicted_iteration_seconds,
+                "compute_seconds": p.compute_seconds}
 
     def state(self):
         """What the client knows as of the last begin_step, as a dict."""

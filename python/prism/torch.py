@@ -36,13 +36,53 @@ What each call does:
               ||out_bf16 - out_low|| / ||out_bf16|| with its weights in BF16 and in the low format,
               averages over the samples, and sends the errors (DESIGN 4.5).
 
+Hybrid devices (DESIGN 11, QSync): keyword arguments of attach, all optional.
+  profile_forward  a callable running one forward pass of a training step's batch; attach runs it
+              once (under torch.no_grad, before registering) with hooks on every nn.Linear inside
+              each block, to measure the block's forward FLOPs per step (2 * in_features *
+              out_features per input row of every Linear call; other modules count 0) and its
+              activation bytes (the BF16 bytes of every Linear input, which the Linear keeps for
+              backward: 2 * numel). They go to prismd in the layout (flops,
+              activation_bytes_bf16) for the hybrid planner.
+  block_costs  [{flops, activation_bytes_bf16, state_bytes}, ...], one dict per block: the
+              figures given instead of measured (a key left out keeps its measured or default
+              value).
+  optimizer_state_bytes_per_param  (default 8: Adam's two FP32 moments) for the default
+              state_bytes of a block: the sum over its parameters of numel * (2 * the bytes of its
+              dtype (weights and gradients) + optimizer_state_bytes_per_param).
+  tensor_stats_every  N (default 0: off). On steps with step % N == 0 a forward pre-hook on each
+              block takes its first floating-point positional input at the block's first call in
+              the step (||X||_2, max|X| by Prism's statistics kernel, non-finite elements left
+              out, and numel) and a forward hook its output's numel; at end_step the block's
+              weights (every parameter, full precision) give ||W||_2, max|W| and numel. They are
+              staged (prism.Client.stage_tensor_stats) for the report. On the CPU they go with that
+              step's report; for CUDA tensors the kernels run on torch's stream and the figures
+              are read back once the GPU got there (a CUDA event, never waited for), so they go
+              with a later report. Needs a libprism with compute plans (ignored otherwise).
+Compute plans: at begin_step the compute plan that came with the map in use (so every rank
+switches at the map's effective step) says which blocks run low (prism.Client.
+compute_precisions). In those blocks every nn.Linear called through its forward runs
+low_linear: the weight quantized per row and the input per tensor to the plan's low format by
+Prism's kernels and dequantized again (the values a low-precision matrix multiply sees), then
+F.linear; the bias stays as it is. Backward is the high op's: the gradients of F.linear on the
+unquantized input and weight (a straight-through autograd Function, which recomputes the high
+op's graph in backward and so costs one more forward matmul per low Linear). Blocks planned high
+run unchanged. counters() adds compute_low_blocks (the ids running low now),
+compute_low_block_steps (block-steps run low since attach) and plan_map_version (the map the plan
+in use came with; 0: none).
+
 Nothing here raises because the agent or prismd is missing: reports are dropped and counted
 (`counters()`), and the weights keep the last map.
 """
 
-import torch
+import ctypes
+import functools
+import math
 
-from . import kernels
+import torch
+import torch.nn.functional as F
+
+from . import _lib, kernels
 from .client import PRECISIONS, Client
 from .transfer import Transfer
 
@@ -68,12 +108,169 @@ def fake_quantize(w, fmt, granularity="block", block=128):
     return out.to(w.dtype).reshape(w.shape)
 
 
+def _dequantized(t, fmt, granularity):
+    """t quantized to fmt by Prism's kernels (granularity "tensor" or "row": one scale per row of
+    t.shape[-1] elements) and dequantized again, in t's dtype and shape: what kernels.quantize and
+    kernels.dequantize give, but with nothing read back from a GPU (no NaN/Inf count), so a CUDA
+    forward pass never waits here."""
+    src = t.detach().contiguous()
+    if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        src = src.float()
+    if src.numel() == 0:
+        return t.detach().clone()
+    spec = kernels._spec(fmt, granularity, 128, None, default_row=src.shape[-1] if src.dim() else 1)
+    lay = kernels._layout(spec, src.numel())
+    codes = torch.empty(lay.code_bytes, dtype=torch.uint8, device=src.device)
+    scales = torch.empty(lay.groups, dtype=torch.float32, device=src.device)
+    out = torch.empty(src.shape, dtype=src.dtype, device=src.device)
+    x = kernels._arg(src, "x", "float")
+    tensor = x.tensor()
+    if src.is_cuda:
+        kernels._cuda_call("prism_quantize_cuda", src.device, ctypes.byref(spec), ctypes.byref(tensor),
+                           codes.data_ptr(), scales.data_ptr(), None)
+        kernels._cuda_call("prism_dequantize_cuda", src.device, ctypes.byref(spec), codes.data_ptr(),
+                           scales.data_ptr(), src.numel(), out.data_ptr(), x.dtype)
+    else:
+        lib = _lib.load()
+        kernels._host_call(lib.prism_quantize_cpu, ctypes.byref(spec), ctypes.byref(tensor), codes.data_ptr(),
+                           scales.data_ptr(), None)
+        kernels._host_call(lib.prism_dequantize_cpu, ctypes.byref(spec), codes.data_ptr(), scales.data_ptr(),
+                           src.numel(), out.data_ptr(), x.dtype)
+    return out.to(t.dtype)
+
+
+def low_weight(w, fmt):
+    """A Linear weight [out, in] as a low-precision matmul sees it: quantized per row (one scale
+    per output feature) to fmt and dequantized, in w's dtype."""
+    return _dequantized(w, fmt, "row")
+
+
+def low_input(x, fmt):
+    """A Linear input as a low-precision matmul sees it: quantized per tensor to fmt and
+    dequantized, in x's dtype and shape."""
+    return _dequantized(x, fmt, "tensor")
+
+
+class _LowLinear(torch.autograd.Function):
+    """Forward: F.linear(low_input(x), low_weight(w), b). Backward: the gradients F.linear(x, w, b)
+    itself has (straight through the quantization), computed by autograd on that op recomputed,
+    so they equal the high op's bit for bit."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, fmt):
+        ctx.save_for_backward(x, w, b)
+        return F.linear(low_input(x, fmt), low_weight(w, fmt), b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, b = ctx.saved_tensors
+        need = ctx.needs_input_grad[:3]
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(n) if t is not None else None for t, n in zip((x, w, b), need)]
+            y = F.linear(*leaves)
+            wanted = [t for t, n in zip(leaves, need) if n and t is not None]
+            grads = iter(torch.autograd.grad(y, wanted, grad)) if wanted else iter(())
+        out = [next(grads) if n and t is not None else None for t, n in zip(leaves, need)]
+        return out[0], out[1], out[2], None
+
+
+def low_linear(x, weight, bias, fmt):
+    """nn.Linear's forward in the low format fmt (see the module's docstring): what a Linear of a
+    block planned low computes."""
+    return _LowLinear.apply(x, weight, bias, fmt)
+
+
+def _low_forward(module, fmt, x):
+    """The forward a Linear of a block planned low gets (bound with functools.partial)."""
+    return low_linear(x, module.weight, module.bias, fmt)
+
+
+def _linears(block):
+    return [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def measure_costs(blocks, forward):
+    """Runs forward() once under torch.no_grad with hooks on every nn.Linear inside each block
+    and returns, per block, {"flops", "activation_bytes_bf16"}: 2 * in * out FLOPs per input row
+    of each Linear call, and 2 bytes per element of each Linear input (other modules: 0)."""
+    costs = [{"flops": 0, "activation_bytes_bf16": 0} for _ in blocks]
+    hooks = []
+    seen = set()
+    try:
+        for b, block in enumerate(blocks):
+            for m in _linears(block):
+                if id(m) in seen:  # a Linear shared by two blocks counts for the first
+                    continue
+                seen.add(id(m))
+
+                def count(module, args, output, b=b):
+                    x = args[0]
+                    rows = x.numel() // module.in_features if module.in_features else 0
+                    costs[b]["flops"] += 2 * module.in_features * module.out_features * rows
+                    costs[b]["activation_bytes_bf16"] += 2 * x.numel()
+                hooks.append(m.register_forward_hook(count))
+        with torch.no_grad():
+            forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return costs
+
+
+def default_state_bytes(params, optimizer_state_bytes_per_param=8):
+    """Bytes of a block that no precision changes: numel * (2 * bytes per element (weights and
+    gradients) + optimizer_state_bytes_per_param), summed over its parameters."""
+    return sum(p.numel() * (2 * p.element_size() + optimizer_state_bytes_per_param) for p in params)
+
+
+def _first_float(values):
+    """The first floating-point tensor among values, or None."""
+    for v in values:
+        if torch.is_tensor(v) and v.is_floating_point():
+            return v
+    return None
+
+
+def _stats_now(tensors):
+    """(l2_norm, max_abs, numel) of host tensors, by prism_grad_stats_blocks_cpu."""
+    st = kernels.grad_stats([_kernel_view(t) for t in tensors])
+    return st["l2_norm"], st["max_abs"], st["numel"]
+
+
+def _kernel_view(t):
+    """t as the statistics kernel takes it: detached, contiguous, float32/bfloat16/float16."""
+    t = t.detach()
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        t = t.float()
+    return t.contiguous()
+
+
+def _stats_launch(blocks, out):
+    """Queues prism_grad_stats_blocks_cuda for blocks (lists of CUDA tensors on one device) on
+    torch's current stream, its results to `out` (a uint8 CUDA tensor of len(blocks) *
+    sizeof(prism_grad_stats) bytes, possibly a view into a larger one); the tensors stay alive
+    for the kernel through the stream order of torch's allocator."""
+    device, tensors, block_start = kernels.block_tensors([[_kernel_view(t) for t in b] for b in blocks])
+    kernels._cuda_call("prism_grad_stats_blocks_cuda", device, tensors, block_start, len(blocks), out.data_ptr())
+
+
+_STATS_BYTES = ctypes.sizeof(_lib.GradStats)
+
+
+def _finite_half(l2, max_abs, numel):
+    """A half of a tensor-stats entry, or zeros (no figures) when one is not finite."""
+    if numel and math.isfinite(l2) and math.isfinite(max_abs):
+        return float(l2), float(max_abs), int(numel)
+    return 0.0, 0.0, 0
+
+
 class Attachment:
     """A model's blocks attached to Prism through one prism.Client."""
 
     def __init__(self, blocks, *, job_id=None, rank=0, world_size=1, dir=None, model_id="model", names=None,
                  low_precision="int8", granularity="block", block_size=128, client=None,
-                 reconnect_interval_ms=0):
+                 reconnect_interval_ms=0, profile_forward=None, block_costs=None,
+                 optimizer_state_bytes_per_param=8, tensor_stats_every=0):
         self.blocks = list(blocks)
         if not self.blocks:
             raise ValueError("attach: the model has no blocks")
@@ -90,11 +287,37 @@ class Attachment:
         if len(devices) > 1:
             raise ValueError(f"attach: the blocks' parameters are on several devices: {sorted(map(str, devices))}")
         self.device = devices.pop() if devices else torch.device("cpu")
-        layout = [(self.names[i], [tuple(p.shape) for p in ps], 2 * sum(p.numel() for p in ps))
+        if block_costs is not None and len(block_costs) != len(self.blocks):
+            raise ValueError(f"attach: {len(block_costs)} block_costs for {len(self.blocks)} blocks")
+        if isinstance(tensor_stats_every, bool) or not isinstance(tensor_stats_every, int) or tensor_stats_every < 0:
+            raise ValueError(f"attach: tensor_stats_every: {tensor_stats_every!r} is not an integer >= 0")
+        self.costs = self._costs(profile_forward, block_costs, optimizer_state_bytes_per_param)
+        layout = [dict(name=self.names[i], shapes=[tuple(p.shape) for p in ps],
+                       param_bytes_bf16=2 * sum(p.numel() for p in ps), **self.costs[i])
                   for i, ps in enumerate(self.params)]
         self.client = client or Client(job_id=job_id, rank=rank, world_size=world_size, dir=dir,
                                        reconnect_interval_ms=reconnect_interval_ms)
         self.fingerprint = self.client.register(model_id, layout, low_precision, granularity, block_size)
+        self.has_plans = self.client.has_plans()
+        # Compute plans: the blocks running low now ({block: format}) and the Linears patched for it.
+        self.compute_low = {}
+        self.compute_low_block_steps = 0
+        self.plan_map_version = 0
+        self._patched = {}  # block -> [(linear, the instance's own forward before, or None)]
+        self._plan_read_for = None  # the map version whose plan compute_low holds
+        # Tensor statistics (tensor_stats_every): this step's figures, and CUDA ones on their way.
+        self.tensor_stats_every = tensor_stats_every if self.has_plans else 0
+        self._sampling = False
+        self._x = {}  # block -> (l2, max_abs, numel), or a slot index of the CUDA buffer
+        self._y = {}  # block -> output numel
+        self._stats_buf = None
+        self._pending = []  # [(cuda event, pinned host bytes, x blocks, y numels, w numels)]
+        self.staged_tensor_stats = None  # the entries last staged
+        self._stats_hooks = []
+        if self.tensor_stats_every:
+            for b, block in enumerate(self.blocks):
+                self._stats_hooks.append(block.register_forward_pre_hook(functools.partial(self._take_input, b)))
+                self._stats_hooks.append(block.register_forward_hook(functools.partial(self._take_output, b)))
         # Each block's weights as one BF16 block in a transfer engine (host memory; pinned on CUDA),
         # and the destination its fetches land in (on the model's device).
         numels = [sum(p.numel() for p in ps) for ps in self.params]
@@ -112,10 +335,27 @@ class Attachment:
         self._masters = {}  # block -> full-precision copies of its weights while they are quantized
         self._step = None
 
+    def _costs(self, profile_forward, block_costs, osb):
+        """Each block's {flops, activation_bytes_bf16, state_bytes} for the layout."""
+        measured = (measure_costs(self.blocks, profile_forward) if profile_forward is not None
+                    else [{"flops": 0, "activation_bytes_bf16": 0} for _ in self.blocks])
+        out = []
+        for b, ps in enumerate(self.params):
+            c = dict(measured[b], state_bytes=default_state_bytes(ps, osb))
+            given = block_costs[b] if block_costs is not None else {}
+            unknown = sorted(set(given) - set(c))
+            if unknown:
+                raise ValueError(f"attach: block_costs[{b}]: unknown key {unknown[0]!r} (known: flops, "
+                                 "activation_bytes_bf16, state_bytes)")
+            c.update({k: int(v) for k, v in given.items()})
+            out.append(c)
+        return out
+
     # ---- the map ----
 
     def begin_step(self, step):
-        """Takes the map in effect at `step` and applies it to the weights; returns its version."""
+        """Takes the map in effect at `step` and applies it to the weights, and its compute plan to
+        the blocks' Linears; returns its version."""
         version = self.client.begin_step(step)
         precisions = self.client.precisions()
         if version != self.map_version:
@@ -128,7 +368,130 @@ class Attachment:
         for b, p in enumerate(precisions):
             if p in _LOW and b in self._dst:
                 self._quantize_block(b, p)
+        self._apply_plan(version)
+        self._collect_stats()
+        self._sampling = bool(self.tensor_stats_every) and step % self.tensor_stats_every == 0
+        self._x, self._y = {}, {}
         return version
+
+    # ---- compute plans ----
+
+    def _apply_plan(self, version):
+        """Patches the Linears of the blocks the plan in use puts low, unpatches the others."""
+        if not self.has_plans:
+            return
+        if version != self._plan_read_for:  # a plan comes only with a map: same map, same plan
+            self._plan_read_for = version
+            low = {b: p for b, p in enumerate(self.client.compute_precisions()) if p != "bf16"}
+            if low != self.compute_low:
+                self._set_compute(low)
+            plan = self.client.plan()
+            self.plan_map_version = plan["map_version"] if plan else 0
+        self.compute_low_block_steps += len(self.compute_low)
+
+    def _set_compute(self, low):
+        """Makes exactly the blocks of `low` ({block: format}) run their Linears low: a block that
+        leaves it (or changes format) gets each Linear's own forward back (the instance's, if it
+        had one, else the class's); a block that enters it gets low_forward in its Linears."""
+        for b in [b for b in self._patched if self.compute_low.get(b) != low.get(b)]:
+            for m, before in self._patched.pop(b):
+                if before is None:
+                    del m.forward
+                else:
+                    m.forward = before
+        for b, fmt in low.items():
+            if b not in self._patched and b < len(self.blocks):
+                self._patched[b] = []
+                for m in _linears(self.blocks[b]):
+                    self._patched[b].append((m, m.__dict__.get("forward")))
+                    m.forward = functools.partial(_low_forward, m, fmt)
+        self.compute_low = dict(low)
+
+    def compute_low_blocks(self):
+        """The ids of the blocks whose Linears run in the low format now, ascending."""
+        return sorted(self.compute_low)
+
+    # ---- tensor statistics ----
+
+    def _stats_slots(self, device):
+        """The CUDA buffer of this step's figures: slot b for block b's input, n + b its weights."""
+        n = len(self.blocks)
+        if self._stats_buf is None or self._stats_buf.device != device:
+            self._stats_buf = torch.empty(2 * n * _STATS_BYTES, dtype=torch.uint8, device=device)
+        return self._stats_buf
+
+    def _take_input(self, b, module, args):
+        if not self._sampling or b in self._x:
+            return
+        x = _first_float(args)
+        if x is None:
+            return
+        if x.is_cuda:
+            buf = self._stats_slots(x.device)
+            _stats_launch([[x]], buf[b * _STATS_BYTES:(b + 1) * _STATS_BYTES])
+            self._x[b] = b
+        else:
+            self._x[b] = _stats_now([x])
+
+    def _take_output(self, b, module, args, output):
+        if self._sampling and b not in self._y:
+            y = _first_float(output if isinstance(output, (tuple, list)) else [output])
+            if y is not None:
+                self._y[b] = y.numel()
+
+    def _weight_stats(self):
+        """Stages this step's figures (weights now, inputs from the hooks) or, for CUDA tensors,
+        queues them to be read back once the GPU got there."""
+        n = len(self.blocks)
+        w_numel = [sum(p.numel() for p in ps) for ps in self.params]
+        if self.device.type == "cuda":
+            buf = self._stats_slots(self.device)
+            with torch.cuda.device(self.device):  # the copy and the event on that device's current stream
+                _stats_launch([list(ps) for ps in self.params], buf[n * _STATS_BYTES:])
+                host = torch.empty(buf.numel(), dtype=torch.uint8, pin_memory=True)
+                host.copy_(buf, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            self._pending.append((event, host, dict(self._x), dict(self._y), w_numel))
+            self._stats_buf = None  # the next step writes a new one
+            self._collect_stats()
+            return
+        w = [_stats_now(ps) if ps else (0.0, 0.0, 0) for ps in self.params]
+        self._stage(self._entries(lambda b: self._x[b], self._x, self._y, w))
+
+    def _collect_stats(self):
+        """Stages the CUDA figures the GPU has finished (the latest of them), without waiting."""
+        done = None
+        while self._pending and self._pending[0][0].query():
+            done = self._pending.pop(0)
+        if done is None:
+            return
+        _, host, xs, ys, w_numel = done
+        n = len(self.blocks)
+        raw = (_lib.GradStats * (2 * n)).from_buffer_copy(host.numpy().tobytes())
+
+        def half(i, numel=None):
+            st = raw[i]
+            return st.l2_norm, st.max_abs, int(st.numel) if numel is None else numel
+        w = [half(n + b, w_numel[b]) for b in range(n)]
+        self._stage(self._entries(lambda b: half(xs[b]), xs, ys, w))
+
+    def _entries(self, x_of, xs, ys, w):
+        """One stage_tensor_stats entry per block: the input half from x_of(b) for the blocks in xs
+        (others: none), the weight half from w[b], the output numel from ys; a half with a
+        non-finite figure is left out (numel 0) rather than refused."""
+        out = []
+        for b in range(len(self.blocks)):
+            x_l2, x_max, x_n = _finite_half(*x_of(b)) if b in xs else (0.0, 0.0, 0)
+            w_l2, w_max, w_n = _finite_half(*w[b])
+            out.append({"block_id": b, "x_l2": x_l2, "x_max_abs": x_max, "x_numel": x_n, "w_l2": w_l2,
+                        "w_max_abs": w_max, "w_numel": w_n, "y_numel": ys.get(b, 0)})
+        return out
+
+    def _stage(self, entries):
+        """Hands the entries to the client for its next report, and keeps them (staged_tensor_stats)."""
+        self.client.stage_tensor_stats(entries)
+        self.staged_tensor_stats = entries
 
     def precisions(self):
         """Each block's precision in the map taken by the last begin_step."""
@@ -179,6 +542,11 @@ class Attachment:
         self._restore_weights()
         if step is None:
             raise ValueError("end_step: no step given and begin_step was never called")
+        if self._sampling:
+            self._sampling = False
+            self._weight_stats()
+        elif self._pending:
+            self._collect_stats()
         return self.client.report_step(step, [[g.detach().contiguous() for g in block] for block in grads],
                                        loss=loss)
 
@@ -200,6 +568,17 @@ class Attachment:
         if fmt not in _LOW:
             raise ValueError(f"calibrate: {fmt!r} is not a low precision ({', '.join(_LOW)})")
         captured = [[] for _ in self.blocks]
+        compute_low, sampling = dict(self.compute_low), self._sampling
+        self._set_compute({})  # the reference and the low outputs are the weights' alone
+        self._sampling = False
+        try:
+            return self._calibrate(forward, samples, fmt, captured)
+        finally:
+            self._set_compute(compute_low)
+            self._sampling = sampling
+
+    def _calibrate(self, forward, samples, fmt, captured):
+        """calibrate's work, with the compute plan and the tensor statistics hooks off."""
         hooks = []
         for b, block in enumerate(self.blocks):
             def keep(module, args, b=b):  # positional inputs (torch 1.13 hooks see no keywords)
@@ -238,14 +617,22 @@ class Attachment:
     # ---- the rest ----
 
     def counters(self):
-        """The client's counters (reports sent, dropped, ...)."""
-        return self.client.counters()
+        """The client's counters (reports sent, dropped, ...), with the compute plan's:
+        compute_low_blocks (ids running low now), compute_low_block_steps, plan_map_version."""
+        out = self.client.counters()
+        out.update(compute_low_blocks=self.compute_low_blocks(), compute_low_block_steps=self.compute_low_block_steps,
+                   plan_map_version=self.plan_map_version)
+        return out
 
     def transfer_counters(self):
         """The transfer engine's counters (fetches and bytes per precision, ...)."""
         return self.transfer.counters()
 
     def close(self):
+        self._set_compute({})
+        for h in self._stats_hooks:
+            h.remove()
+        self._stats_hooks = []
         self._restore_weights()
         self.client.close()
         self.transfer.close()
@@ -262,8 +649,10 @@ def _first_tensor(out):
 def attach(blocks, **kwargs):
     """Attaches Prism to a model's list of blocks (an nn.ModuleList, or any list of modules); see
     Attachment for the keyword arguments (job_id, rank, world_size, dir, model_id, names,
-    low_precision, granularity, block_size)."""
+    low_precision, granularity, block_size; profile_forward, block_costs,
+    optimizer_state_bytes_per_param, tensor_stats_every: the module's docstring)."""
     return Attachment(blocks, **kwargs)
 
 
-__all__ = ["Attachment", "attach", "fake_quantize", "PRECISIONS"]
+__all__ = ["Attachment", "attach", "default_state_bytes", "fake_quantize", "low_input", "low_linear", "low_weight",
+           "measure_costs", "PRECISIONS"]
