@@ -386,6 +386,13 @@ static void write_plan(upstream *u, const Prism__V1__PrecisionUpdate *p)
               cp->device_class ? cp->device_class : "", "low_blocks", low_text, LOG_END);
 }
 
+/* Whether the plan file has a plan for map `version` (the agent reads its own mapping). */
+static bool plan_held(upstream *u, uint64_t version)
+{
+    prism_plans_entry e;
+    return prism_plans_read(&u->a->plans, version, &e, NULL, 0, 64) == PRISM_PLANS_FOUND;
+}
+
 /* Applies a map from prismd: a whole one (Welcome, full updates) or the changed blocks. Returns
  * false when a partial update does not follow the map held (a version was missed): the stream
  * is then restarted, and its Welcome brings the whole map. */
@@ -395,7 +402,11 @@ static bool apply_update(upstream *u, const Prism__V1__PrecisionUpdate *p, bool 
     if (p->map_version <= u->map_version) {
         /* Already held: a Welcome after a reconnect repeats the current map. A Welcome with an
          * older version means prismd lost its store; the table only moves forward, so the last
-         * map stays until prismd's versions pass it. */
+         * map stays until prismd's versions pass it. The held map's plan is written when the
+         * plan file lacks it (a file this agent had to replace): a trainer that remaps the new
+         * file reads it again. */
+        if (p->map_version == u->map_version && p->compute_plan && !plan_held(u, p->map_version))
+            write_plan(u, p);
         if (full && p->map_version < u->map_version) {
             char held[24], got[24];
             snprintf(held, sizeof held, "%" PRIu64, u->map_version);

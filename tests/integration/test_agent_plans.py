@@ -531,9 +531,23 @@ class AgentPlansTest(unittest.TestCase):
         c.close()
         self.assertEqual(a.stop(), 0)
         self.assertTrue(os.path.exists(os.path.join(self.dir, "shared", "prism-plans")))
+        a2 = self.agent(fake.target, "--profile-file", T4, name="agent2")
         c2 = self.client()
         self.assertEqual(c2.begin_step(11), 5)
         self.assertEqual(c2.compute(), [FP8_E4M3, BF16, FP8_E4M3, BF16])
+        c2.close()
+        self.assertEqual(a2.stop(), 0)
+
+        # The plan file lost, the hint table kept: prismd's Welcome repeats the held map with its
+        # plan, and the agent writes the plan again (the map is not written again).
+        os.unlink(os.path.join(self.dir, "shared", "prism-plans"))
+        fake.welcome = pb.Welcome(config=pb.PolicyConfig(), map=update(5, 11, fp8))
+        a3 = self.agent(fake.target, "--profile-file", T4, name="agent3")
+        c3 = self.client()
+        wait_for("the plan written again", lambda: self.metric(a3, "prism_agent_plan_map_version") == 5)
+        self.assertEqual(self.metric(a3, "prism_agent_maps_applied_total"), 0)
+        self.assertEqual(c3.begin_step(11), 5)
+        self.assertEqual(c3.compute(), [FP8_E4M3, BF16, FP8_E4M3, BF16])
 
     def test_welcome_carries_a_plan(self):
         plan = pb.ComputePlan(device_class="t4-16gb", low_format=INT8, high_format="fp16", low_blocks=[0],
