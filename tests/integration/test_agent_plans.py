@@ -190,7 +190,7 @@ class FakePrismd:
         self.received = queue.Queue()
         self.outbox = queue.Queue()
         self.stopping = threading.Event()
-        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8))
         handler = grpc.stream_stream_rpc_method_handler(
             self._connect, request_deserializer=pb.AgentMessage.FromString,
             response_serializer=pb.ServiceMessage.SerializeToString)
@@ -201,7 +201,7 @@ class FakePrismd:
         self.server.start()
 
     def _connect(self, requests, context):
-        said_hello = threading.Event()
+        said_hello, ended = threading.Event(), threading.Event()
 
         def read():
             try:
@@ -211,6 +211,7 @@ class FakePrismd:
                         said_hello.set()
             except grpc.RpcError:
                 pass  # the agent ended the stream
+            ended.set()
 
         threading.Thread(target=read, daemon=True).start()
         for _ in range(2000):  # 100 s at most
@@ -219,7 +220,7 @@ class FakePrismd:
         if not said_hello.is_set():
             return
         yield pb.ServiceMessage(welcome=self.welcome)
-        while not self.stopping.is_set() and context.is_active():
+        while not self.stopping.is_set() and not ended.is_set() and context.is_active():
             try:
                 yield self.outbox.get(timeout=0.05)
             except queue.Empty:
