@@ -201,7 +201,7 @@ static char *render(agent *a, size_t *len)
     one(f, "prism_agent_maps_applied_total", "counter", "maps written to the hint table", get(&s->maps_applied));
     one(f, "prism_agent_map_entries_ignored_total", "counter",
         "map and compute plan entries past --max-blocks or of unknown precision", get(&s->blocks_out_of_range));
-    one(f, "prism_agent_plan_map_version", "gauge", "map version of the compute plan last written to the plan file (0: none)",
+    one(f, "prism_agent_plan_map_version", "gauge", "map version of the compute plan last written to the plan file, or kept there for the map kept at start (0: none)",
         get(&s->plan_map_version));
     one(f, "prism_agent_plan_low_blocks", "gauge", "blocks planned low in the compute plan last written",
         get(&s->plan_low_blocks));

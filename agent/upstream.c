@@ -894,6 +894,14 @@ prism_status agent_upstream_start(agent *a, pthread_t *thread, prism_error *err)
         u->map_blocks = view.n_blocks;
         atomic_store_explicit(&a->stats.map_version, view.map_version, memory_order_relaxed);
         atomic_store_explicit(&a->stats.map_effective_step, view.effective_step, memory_order_relaxed);
+        /* The kept map's plan, if the plan file kept it too, is the one in force: the gauges
+         * say so until this agent writes another. */
+        prism_plans_entry e;
+        if (prism_plans_read(&a->plans, view.map_version, &e, u->plan, (uint32_t)a->opts.max_blocks, 64) ==
+            PRISM_PLANS_FOUND) {
+            atomic_store_explicit(&a->stats.plan_map_version, view.map_version, memory_order_relaxed);
+            atomic_store_explicit(&a->stats.plan_low_blocks, e.low_blocks, memory_order_relaxed);
+        }
     } else {
         memset(u->map, PRISM_PRECISION_BF16, a->opts.max_blocks); /* a failed read may leave a torn copy */
     }
