@@ -14,6 +14,7 @@
 
 #include "hints.h"
 #include "log.h"
+#include "plans.h"
 #include "profile.h"
 
 #include <pthread.h>
@@ -44,6 +45,7 @@ typedef struct agent_options {
     int device;                  /* -1: CPU profile; else the CUDA device measured */
     bool device_auto;            /* --device auto */
     const char *device_class;    /* NULL: the profile's own */
+    const char *profile_file;    /* --profile-file: the DeviceProfile from JSON, nothing measured */
     prism_log_level log_level;
     bool help, version;
 } agent_options;
@@ -80,6 +82,10 @@ typedef struct agent_stats {
     _Atomic uint64_t trainer_frames;          /* frames read */
     _Atomic uint64_t trainer_frames_rejected; /* frames that closed their connection */
     _Atomic uint64_t ready;                   /* gauge: hint table open and socket listening */
+    _Atomic uint64_t plan_map_version;        /* gauge: the map version of the plan last written (0: none) */
+    _Atomic uint64_t plan_low_blocks;         /* gauge: blocks planned low in it */
+    _Atomic uint64_t plans_written;           /* compute plans written to the plan file */
+    _Atomic uint64_t plans_refused;           /* compute plans not written (bad format, too many blocks) */
 } agent_stats;
 
 /* What the agent knows of its trainer, for /metrics: the hint table's trainer line as the
@@ -114,6 +120,7 @@ typedef struct agent {
     agent_trainer trainer;
     agent_inbox inbox;
     prism_hints hints;
+    prism_plans plans;               /* the plan file beside the hint table (plans.h) */
     prism_device_profile profile;
     atomic_bool stop;
 } agent;

@@ -140,6 +140,14 @@ static prism_status set_device_class(agent_options *o, const char *v, prism_erro
     return PRISM_OK;
 }
 
+static prism_status set_profile_file(agent_options *o, const char *v, prism_error *err)
+{
+    if (!v[0])
+        return prism_error_set(err, PRISM_ERR_INVALID, "the file name is empty");
+    o->profile_file = v;
+    return PRISM_OK;
+}
+
 static prism_status set_log_level(agent_options *o, const char *v, prism_error *err)
 {
     for (int i = 0; i < PRISM_LOG_LEVELS; i++)
@@ -177,7 +185,8 @@ static const agent_option option_table[] = {
     {"tls-ca", "FILE", NULL, set_tls_ca, "PEM root certificates: connect to prismd over TLS, checking it with these",
      0, 0, 0},
     {"node", "NAME", NULL, set_node, "node name sent in Hello (default: the host name)", 0, 0, 0},
-    {"max-blocks", "N", "65536", NULL, "blocks the hint table holds (map entries past it are ignored and counted)",
+    {"max-blocks", "N", "65536", NULL,
+     "blocks the hint table and the plan file hold (map and plan entries past it are ignored and counted)",
      offsetof(agent_options, max_blocks), 1, PRISM_HINTS_MAX_BLOCKS_LIMIT},
     {"backoff-initial-ms", "MS", "100", NULL,
      "first wait before reconnecting to prismd; doubles per failed attempt, with jitter (x0.5 to x1)",
@@ -200,6 +209,14 @@ static const agent_option option_table[] = {
      "time the device measurement at start may take, its buffers' first touch included; past it only "
      "the smallest runs are left (a few ms on a CPU). A smaller budget measures less precisely",
      offsetof(agent_options, profile_budget_ms), PRISM_PROFILE_BUDGET_MIN_MS, 60000},
+    {"profile-file", "FILE", NULL, set_profile_file,
+     "JSON object of the DeviceProfile to send instead of measuring the device (one machine can play "
+     "another): device_class, device_name, memory_bytes, bf16_ops_per_second, fp16_ops_per_second, "
+     "int8_ops_per_second, fp8_ops_per_second, quantize_cost and cast_cost ({fixed_seconds, "
+     "seconds_per_byte}), h2d_bytes_per_second, as in PLAN.json's classes[].profile. A missing key "
+     "is 0 (\"\" for device_name); a missing device_class is --device-class's, else derived from "
+     "device_name. Unknown keys, wrong types, negative or non-finite numbers: exit 2. --device and "
+     "--profile-budget-ms are then unused", 0, 0, 0},
     {"log-level", "LEVEL", "info", set_log_level,
      "least severe log event written to stderr: debug, info, warn, error", 0, 0, 0},
     {"help", NULL, NULL, set_help, "print this help and exit", 0, 0, 0},
@@ -228,7 +245,8 @@ static void print_usage(FILE *out)
                  "the agent forwards them on one gRPC stream to prismd and writes each precision map\n"
                  "prismd decides into the shared-memory hint table DIR/" PRISM_LOCAL_HINTS_NAME ", which the\n"
                  "trainer reads at the start of each step. When prismd is unreachable the trainer keeps\n"
-                 "the last map and the agent reconnects with exponential backoff and jitter.\n"
+                 "the last map and the agent reconnects with exponential backoff and jitter. The compute\n"
+                 "plan that comes with a map (hybrid devices) goes into DIR/" PRISM_LOCAL_PLANS_NAME " first.\n"
                  "\n"
                  "Options (--name VALUE or --name=VALUE):\n");
     for (size_t i = 0; i < OPTION_COUNT; i++) {
@@ -328,21 +346,32 @@ static int run(agent *a)
 
     /* The device is measured before anything listens: a trainer that connects meanwhile waits in
      * the socket's backlog, and its Hello goes up with the profile. */
-    prism_profile_options po = {.device = o->device, .budget_ms = (int)o->profile_budget_ms,
-                               .device_class = o->device_class};
-    if (o->device_auto)
-        po.device = prism_profile_default_device();
-    if (prism_profile_measure(&po, &a->profile, &err)) {
-        prism_log(PRISM_LOG_ERROR, "cannot measure the device", "error", err.message, LOG_END);
-        return 1;
+    if (!o->profile_file) {
+        prism_profile_options po = {.device = o->device, .budget_ms = (int)o->profile_budget_ms,
+                                   .device_class = o->device_class};
+        if (o->device_auto)
+            po.device = prism_profile_default_device();
+        if (prism_profile_measure(&po, &a->profile, &err)) {
+            prism_log(PRISM_LOG_ERROR, "cannot measure the device", "error", err.message, LOG_END);
+            return 1;
+        }
     }
-    prism_log(PRISM_LOG_INFO, "device measured", "class", a->profile.device_class, "name", a->profile.device_name,
+    prism_log(PRISM_LOG_INFO, o->profile_file ? "device profile read" : "device measured", "class",
+              a->profile.device_class, "name", a->profile.device_name, "file", o->profile_file ? o->profile_file : "",
               LOG_END);
 
+    /* The plan file before the hint table: a trainer that finds the table finds the plans too. */
+    char plans_path[PATH_MAX];
+    snprintf(plans_path, sizeof plans_path, "%s/%s", o->dir, PRISM_LOCAL_PLANS_NAME);
+    if (prism_plans_create(&a->plans, plans_path, (uint32_t)o->max_blocks, &err)) {
+        prism_log(PRISM_LOG_ERROR, "cannot open the plan file", "error", err.message, LOG_END);
+        return 1;
+    }
     char hints_path[PATH_MAX];
     snprintf(hints_path, sizeof hints_path, "%s/%s", o->dir, PRISM_LOCAL_HINTS_NAME);
     if (prism_hints_create(&a->hints, hints_path, (uint32_t)o->max_blocks, &err)) {
         prism_log(PRISM_LOG_ERROR, "cannot open the hint table", "error", err.message, LOG_END);
+        prism_plans_close(&a->plans);
         return 1;
     }
     int listen_fd = -1;
@@ -350,6 +379,7 @@ static int run(agent *a)
     if (agent_socket_listen(a, &listen_fd, socket_path, sizeof socket_path, &err)) {
         prism_log(PRISM_LOG_ERROR, "cannot open the local socket", "error", err.message, LOG_END);
         prism_hints_close(&a->hints);
+        prism_plans_close(&a->plans);
         return 1;
     }
     struct agent_metrics *metrics = NULL;
@@ -358,6 +388,7 @@ static int run(agent *a)
         close(listen_fd);
         unlink(socket_path);
         prism_hints_close(&a->hints);
+        prism_plans_close(&a->plans);
         return 1;
     }
 
@@ -391,6 +422,7 @@ static int run(agent *a)
         close(sigfd);
     grpc_shutdown();
     prism_hints_close(&a->hints);
+    prism_plans_close(&a->plans);
     if (!status)
         prism_log(PRISM_LOG_INFO, "stopped", LOG_END);
     return status;
@@ -411,6 +443,13 @@ int main(int argc, char **argv)
     if (a.opts.version) {
         printf("prism-agent %s\n", PRISM_VERSION);
         return 0;
+    }
+    if (a.opts.profile_file &&
+        prism_profile_read_file(a.opts.profile_file, a.opts.device_class, &a.profile, &err) != PRISM_OK) {
+        fprintf(stderr, "prism-agent: --profile-file %s: %s\n", a.opts.profile_file, err.message);
+        free(a.opts.token);
+        free(a.opts.tls_ca);
+        return 2;
     }
     prism_log_threshold = a.opts.log_level;
     /* Stop signals are blocked before any thread exists, so every thread inherits the mask and

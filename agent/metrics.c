@@ -199,8 +199,15 @@ static char *render(agent *a, size_t *len)
     one(f, "prism_agent_map_version", "gauge", "newest map version in the hint table", get(&s->map_version));
     one(f, "prism_agent_map_effective_step", "gauge", "effective step of the newest map", get(&s->map_effective_step));
     one(f, "prism_agent_maps_applied_total", "counter", "maps written to the hint table", get(&s->maps_applied));
-    one(f, "prism_agent_map_entries_ignored_total", "counter", "map entries past --max-blocks or of unknown precision",
-        get(&s->blocks_out_of_range));
+    one(f, "prism_agent_map_entries_ignored_total", "counter",
+        "map and compute plan entries past --max-blocks or of unknown precision", get(&s->blocks_out_of_range));
+    one(f, "prism_agent_plan_map_version", "gauge", "map version of the compute plan last written to the plan file, or kept there for the map kept at start (0: none)",
+        get(&s->plan_map_version));
+    one(f, "prism_agent_plan_low_blocks", "gauge", "blocks planned low in the compute plan last written",
+        get(&s->plan_low_blocks));
+    one(f, "prism_agent_plans_written_total", "counter", "compute plans written to the plan file", get(&s->plans_written));
+    one(f, "prism_agent_plans_ignored_total", "counter", "compute plans not written (a low format other than int8 or "
+        "fp8_e4m3, or the plan file refused them)", get(&s->plans_refused));
     one(f, "prism_agent_trainer_map_version", "gauge", "map version the trainer says it uses",
         line.applied_version);
     one(f, "prism_agent_trainer_map_step", "gauge", "step the trainer started using it at", line.applied_step);

@@ -100,6 +100,22 @@ int prism_profile_default_device(void);
 prism_status prism_profile_measure(const prism_profile_options *o, prism_device_profile *out,
                                    prism_error *err);
 
+/* prism-agent --profile-file: the DeviceProfile a JSON file gives instead of the measurement.
+ * The file is one object, the DeviceProfile by its proto field names (PLAN.json's
+ * classes[].profile): device_class, device_name (strings), memory_bytes (a whole number),
+ * bf16_ops_per_second, fp16_ops_per_second, int8_ops_per_second, fp8_ops_per_second,
+ * h2d_bytes_per_second (numbers), quantize_cost and cast_cost (objects of fixed_seconds and
+ * seconds_per_byte). A missing key reads 0 ("" for device_name), except device_class: then
+ * `device_class` (--device-class) when not NULL or "", else the class derived from device_name
+ * with the prefix "gpu" (prism_profile_device_class). d2h and copy figures, which the proto does
+ * not carry, are 0; device is -1. PRISM_ERR_INVALID with "KEY: PROBLEM" (nested keys as
+ * "quantize_cost.fixed_seconds") for an unknown key, a wrong type, a negative or non-finite
+ * number, a memory_bytes that is not whole, a device_class --device-class would refuse, a
+ * duplicate key; "line L column C: PROBLEM" for JSON that does not parse; the I/O error for a
+ * file that cannot be read. *out is written only on success. */
+prism_status prism_profile_read_file(const char *path, const char *device_class, prism_device_profile *out,
+                                     prism_error *err);
+
 /* The profile for people, one figure a line with its unit. */
 void prism_profile_print(FILE *f, const prism_device_profile *p);
 

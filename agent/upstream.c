@@ -83,6 +83,7 @@ struct upstream {
     unsigned failures;         /* consecutive calls that ended without a Welcome */
     uint64_t rng;
     uint8_t *map;              /* the newest whole map: opts.max_blocks bytes */
+    uint8_t *plan;             /* scratch for a compute plan's bytes: opts.max_blocks */
     uint32_t map_blocks;
     uint64_t map_version;
     uint64_t acked_version, acked_step;
@@ -326,6 +327,72 @@ static void publish(upstream *u, uint64_t decided, uint64_t effective)
     prism_log(PRISM_LOG_INFO, "map applied", "version", version, "effective_step", step, LOG_END);
 }
 
+/* Writes the compute plan that came with map p->map_version into the plan file (plans.h), before
+ * the map goes into the hint table, so that a trainer that sees the map finds its plan. A plan
+ * whose low format is not INT8 or FP8_E4M3 is not written (no plan: every block high), logged
+ * and counted; low block ids past --max-blocks are left out (high) and counted like the map's. */
+static void write_plan(upstream *u, const Prism__V1__PrecisionUpdate *p)
+{
+    agent *a = u->a;
+    const Prism__V1__ComputePlan *cp = p->compute_plan;
+    char version[24];
+    snprintf(version, sizeof version, "%" PRIu64, p->map_version);
+    if (cp->low_format != PRISM__V1__PRECISION__INT8 &&
+        cp->low_format != PRISM__V1__PRECISION__FP8_E4M3) {
+        atomic_fetch_add_explicit(&a->stats.plans_refused, 1, memory_order_relaxed);
+        char fmt[16];
+        snprintf(fmt, sizeof fmt, "%d", (int)cp->low_format);
+        prism_log(PRISM_LOG_WARN, "compute plan ignored: its low format is not int8 or fp8_e4m3", "version", version,
+                  "low_format", fmt, LOG_END);
+        return;
+    }
+    uint32_t n = 0;
+    memset(u->plan, 0, a->opts.max_blocks);
+    for (size_t i = 0; i < cp->n_low_blocks; i++) {
+        uint32_t b = cp->low_blocks[i];
+        if (b >= a->opts.max_blocks) {
+            atomic_fetch_add_explicit(&a->stats.blocks_out_of_range, 1, memory_order_relaxed);
+            continue;
+        }
+        u->plan[b] = (uint8_t)cp->low_format;
+        if (b + 1 > n)
+            n = b + 1;
+    }
+    prism_plans_entry e;
+    memset(&e, 0, sizeof e);
+    e.map_version = p->map_version;
+    e.low_format = (uint32_t)cp->low_format;
+    e.high_fp16 = cp->high_format && strcmp(cp->high_format, "fp16") == 0;
+    e.predicted_iteration_seconds = cp->predicted_iteration_seconds;
+    e.compute_seconds = cp->compute_seconds;
+    snprintf(e.device_class, sizeof e.device_class, "%s", cp->device_class ? cp->device_class : "");
+    uint64_t applied = 0;
+    prism_hints_read_applied(&a->hints, &applied, NULL);
+    prism_error err;
+    if (prism_plans_publish(&a->plans, &e, u->plan, n, applied, &err)) {
+        atomic_fetch_add_explicit(&a->stats.plans_refused, 1, memory_order_relaxed);
+        prism_log(PRISM_LOG_ERROR, "cannot write the compute plan", "version", version, "error", err.message, LOG_END);
+        return;
+    }
+    uint64_t low = 0;
+    for (uint32_t i = 0; i < n; i++)
+        low += u->plan[i] != 0;
+    atomic_store_explicit(&a->stats.plan_map_version, p->map_version, memory_order_relaxed);
+    atomic_store_explicit(&a->stats.plan_low_blocks, low, memory_order_relaxed);
+    atomic_fetch_add_explicit(&a->stats.plans_written, 1, memory_order_relaxed);
+    char low_text[24];
+    snprintf(low_text, sizeof low_text, "%" PRIu64, low);
+    prism_log(PRISM_LOG_INFO, "compute plan written", "version", version, "class",
+              cp->device_class ? cp->device_class : "", "low_blocks", low_text, LOG_END);
+}
+
+/* Whether the plan file has a plan for map `version` (the agent reads its own mapping). */
+static bool plan_held(upstream *u, uint64_t version)
+{
+    prism_plans_entry e;
+    return prism_plans_read(&u->a->plans, version, &e, NULL, 0, 64) == PRISM_PLANS_FOUND;
+}
+
 /* Applies a map from prismd: a whole one (Welcome, full updates) or the changed blocks. Returns
  * false when a partial update does not follow the map held (a version was missed): the stream
  * is then restarted, and its Welcome brings the whole map. */
@@ -335,7 +402,11 @@ static bool apply_update(upstream *u, const Prism__V1__PrecisionUpdate *p, bool 
     if (p->map_version <= u->map_version) {
         /* Already held: a Welcome after a reconnect repeats the current map. A Welcome with an
          * older version means prismd lost its store; the table only moves forward, so the last
-         * map stays until prismd's versions pass it. */
+         * map stays until prismd's versions pass it. The held map's plan is written when the
+         * plan file lacks it (a file this agent had to replace): a trainer that remaps the new
+         * file reads it again. */
+        if (p->map_version == u->map_version && p->compute_plan && !plan_held(u, p->map_version))
+            write_plan(u, p);
         if (full && p->map_version < u->map_version) {
             char held[24], got[24];
             snprintf(held, sizeof held, "%" PRIu64, u->map_version);
@@ -367,6 +438,8 @@ static bool apply_update(upstream *u, const Prism__V1__PrecisionUpdate *p, bool 
             u->map_blocks = b->block_id + 1;
     }
     u->map_version = p->map_version;
+    if (p->compute_plan)
+        write_plan(u, p); /* before the map: see write_plan */
     publish(u, p->decided_step, p->effective_step);
     return true;
 }
@@ -795,6 +868,7 @@ static void *upstream_main(void *arg)
     grpc_completion_queue_destroy(u->cq);
     free(u->hello);
     free(u->map);
+    free(u->plan);
     free(u);
     return NULL;
 }
@@ -802,7 +876,10 @@ static void *upstream_main(void *arg)
 prism_status agent_upstream_start(agent *a, pthread_t *thread, prism_error *err)
 {
     upstream *u = calloc(1, sizeof *u);
-    if (!u || !(u->map = malloc(a->opts.max_blocks))) {
+    if (!u || !(u->map = malloc(a->opts.max_blocks)) || !(u->plan = malloc(a->opts.max_blocks))) {
+        if (u)
+            free(u->map);
+        free(u->plan);
         free(u);
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory for the map");
     }
@@ -817,6 +894,14 @@ prism_status agent_upstream_start(agent *a, pthread_t *thread, prism_error *err)
         u->map_blocks = view.n_blocks;
         atomic_store_explicit(&a->stats.map_version, view.map_version, memory_order_relaxed);
         atomic_store_explicit(&a->stats.map_effective_step, view.effective_step, memory_order_relaxed);
+        /* The kept map's plan, if the plan file kept it too, is the one in force: the gauges
+         * say so until this agent writes another. */
+        prism_plans_entry e;
+        if (prism_plans_read(&a->plans, view.map_version, &e, u->plan, (uint32_t)a->opts.max_blocks, 64) ==
+            PRISM_PLANS_FOUND) {
+            atomic_store_explicit(&a->stats.plan_map_version, view.map_version, memory_order_relaxed);
+            atomic_store_explicit(&a->stats.plan_low_blocks, e.low_blocks, memory_order_relaxed);
+        }
     } else {
         memset(u->map, PRISM_PRECISION_BF16, a->opts.max_blocks); /* a failed read may leave a torn copy */
     }
@@ -831,6 +916,7 @@ prism_status agent_upstream_start(agent *a, pthread_t *thread, prism_error *err)
         if (u->cq)
             grpc_completion_queue_destroy(u->cq);
         free(u->map);
+        free(u->plan);
         free(u);
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "cannot create the gRPC channel to %s", a->opts.prismd);
     }
@@ -839,6 +925,7 @@ prism_status agent_upstream_start(agent *a, pthread_t *thread, prism_error *err)
         grpc_channel_destroy(u->channel);
         grpc_completion_queue_destroy(u->cq);
         free(u->map);
+        free(u->plan);
         free(u);
         return prism_error_set(err, PRISM_ERR_NOMEM, "cannot start the upstream thread: %s", strerror(rc));
     }

@@ -10,6 +10,7 @@
 #include "client_ext.h"
 #include "hints.h"
 #include "local.h"
+#include "plans.h"
 #include "process_totals.h"
 #include "sha256.h"
 #include "prism/v1/prism.pb-c.h"
@@ -43,6 +44,7 @@ struct prism_client {
     uint64_t interval_ms;
     struct sockaddr_un addr;
     char *hints_path;
+    char *plans_path;
 
     /* the registered layout: only what reports and reconnections need */
     bool registered;
@@ -70,12 +72,28 @@ struct prism_client {
     uint32_t *seen;            /* seen[id] == stamp: id already in this call */
     uint32_t stamp;
 
+    /* tensor statistics staged for the next report written whole (prism_client_stage_tensor_stats) */
+    prism_block_tensor_stats *staged; /* n_blocks of room (ids are distinct) */
+    size_t n_staged;
+    uint64_t staged_gen;       /* +1 at each stage call: a frame in flight clears only its own */
+    Prism__V1__BlockTensorStats *ts;
+    Prism__V1__BlockTensorStats **ts_ptr;
+    size_t pend_ts;            /* entries in the step frame in flight */
+    uint64_t pend_ts_gen;      /* the staged_gen they were */
+
     /* the hint table and the client's copy of the map in use */
     prism_hints hints;
     uint64_t next_hints_ms;
     uint8_t *prec;             /* n_blocks precisions of the map in use */
     uint8_t *prec_next;        /* where the next read goes; swapped with prec on success */
     prism_hints_view view;
+    /* the plan file and the compute plan that came with the map in use */
+    prism_plans plans;
+    uint64_t next_plans_ms;    /* no attempt to map the plan file before this */
+    bool plan_stale;           /* read the plan of the map in use again (new room or a new file) */
+    uint8_t *cprec;            /* n_blocks compute formats: 0 high, else the low precision */
+    uint8_t *cprec_next;
+    prism_client_plan plan;
     bool stepped;              /* begin_step ran at least once */
     uint64_t last_step;
     /* The trainer line (hints.h) as this client last built it, and whether it is in this table
@@ -309,11 +327,30 @@ static bool open_hints(prism_client *c)
     return true;
 }
 
-/* At a new connection: a restarted agent may have replaced the hint table (a new file renamed
- * over the path); the old mapping stays valid but is dead, so map the new one. The copy of the
- * map in use stays until the next begin_step reads the new table. */
+/* Maps the plan file if it is there (an agent built before plans makes none: then every block
+ * runs high); false when it is not, and the next attempt waits a reconnect interval. Not counted
+ * as a hint table failure: its absence is normal with an older agent. A newly mapped file makes
+ * the plan of the map in use worth reading again. */
+static bool open_plans(prism_client *c)
+{
+    prism_error e;
+    if (prism_plans_open(&c->plans, c->plans_path, &e) != PRISM_OK) {
+        c->next_plans_ms = now_ms() + c->interval_ms;
+        return false;
+    }
+    c->plan_stale = true;
+    return true;
+}
+
+/* At a new connection: a restarted agent may have replaced the hint table or the plan file (a
+ * new file renamed over the path); the old mapping stays valid but is dead, so map the new one.
+ * The copies in use stay until the next begin_step reads the new files. */
 static void check_hints_file(prism_client *c)
 {
+    if (c->plans.h && prism_plans_replaced(&c->plans, c->plans_path)) {
+        prism_plans_close(&c->plans);
+        open_plans(c);
+    }
     if (!c->hints.h || !prism_hints_replaced(&c->hints, c->hints_path))
         return;
     prism_hints_close(&c->hints);
@@ -360,6 +397,19 @@ static bool ensure_connected(prism_client *c)
     return true;
 }
 
+/* A step frame went out whole: its tensor statistics are sent, and the staged ones are cleared
+ * when they are still the ones it carried (not replaced by a later stage call meanwhile). */
+static void step_written(prism_client *c)
+{
+    c->n.reports_sent++;
+    if (c->pend_ts == 0)
+        return;
+    c->n.tensor_stats_sent += c->pend_ts;
+    if (c->pend_ts_gen == c->staged_gen)
+        c->n_staged = 0;
+    c->pend_ts = 0;
+}
+
 /* Writes what the socket takes of the frame in flight: 1 when it is done (or there was none),
  * 0 when the socket is full, -1 when the connection was lost. */
 static int flush_pending(prism_client *c)
@@ -385,7 +435,7 @@ static int flush_pending(prism_client *c)
         if (c->pend_kind == FRAME_HELLO)
             c->n.hellos_sent++;
         else if (c->pend_kind == FRAME_STEP)
-            c->n.reports_sent++;
+            step_written(c);
         else
             c->n.calibrations_sent++;
         c->pend = NULL;
@@ -440,6 +490,19 @@ static prism_status send_message(prism_client *c, const Prism__V1__AgentMessage 
     if (flush_pending(c) < 0)
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "connection to the agent lost: %s", c->last_error);
     return PRISM_OK;
+}
+
+/* send_message for a step frame carrying n_ts staged tensor statistics: the frame in flight
+ * remembers them, so that writing it whole counts them and clears what was staged. */
+static prism_status send_message_ts(prism_client *c, const Prism__V1__AgentMessage *msg, size_t n_ts,
+                                    prism_error *err)
+{
+    c->pend_ts = n_ts;
+    c->pend_ts_gen = c->staged_gen;
+    prism_status s = send_message(c, msg, FRAME_STEP, err);
+    if (s != PRISM_OK && s != PRISM_ERR_UNAVAILABLE)
+        c->pend_ts = 0; /* never packed: nothing in flight */
+    return s;
 }
 
 /* ---- open, register, close -------------------------------------------------------------- */
@@ -499,7 +562,18 @@ prism_status prism_client_open(const prism_client_options *o, prism_client **out
         return prism_error_set(err, PRISM_ERR_NOMEM, "client paths");
     }
     snprintf(c->hints_path, hints_len, "%s/%s", dir, hints_name);
+    size_t plans_len = strlen(dir) + 1 + strlen(PRISM_LOCAL_PLANS_NAME) + 1;
+    c->plans_path = malloc(plans_len);
+    if (!c->plans_path) {
+        prism_client_close(c);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "client paths");
+    }
+    snprintf(c->plans_path, plans_len, "%s/%s", dir, PRISM_LOCAL_PLANS_NAME);
+    c->plans.fd = -1;
     c->opened_ns = prism_totals_now_ns();
+    /* The plan file first: an agent creates it before the hint table, so a trainer that finds
+     * the table finds it too. */
+    open_plans(c);
     if (!open_hints(c))
         c->next_hints_ms = now_ms() + c->interval_ms;
     *out = c;
@@ -515,8 +589,10 @@ void prism_client_close(prism_client *c)
     if (c->fd >= 0)
         close(c->fd);
     prism_hints_close(&c->hints);
+    prism_plans_close(&c->plans);
     free(c->job_id);
     free(c->hints_path);
+    free(c->plans_path);
     free(c->hello);
     free(c->out);
     free(c->gs);
@@ -527,6 +603,11 @@ void prism_client_close(prism_client *c)
     free(c->seen);
     free(c->prec);
     free(c->prec_next);
+    free(c->cprec);
+    free(c->cprec_next);
+    free(c->staged);
+    free(c->ts);
+    free(c->ts_ptr);
     free(c);
 }
 
@@ -547,6 +628,9 @@ static prism_status encode_hello(prism_client *c, const prism_model_layout *l, p
         info[i].param_bytes_bf16 = l->blocks[i].param_bytes_bf16;
         info[i].n_shape = l->blocks[i].shape_len;
         info[i].shape = (uint64_t *)l->blocks[i].shape;
+        info[i].flops = l->blocks[i].flops;
+        info[i].activation_bytes_bf16 = l->blocks[i].activation_bytes_bf16;
+        info[i].state_bytes = l->blocks[i].state_bytes;
         info_ptr[i] = &info[i];
     }
     Prism__V1__ModelLayout layout = PRISM__V1__MODEL_LAYOUT__INIT;
@@ -583,11 +667,14 @@ done:
     return s;
 }
 
-/* The largest StepReport frame of n blocks: every field at its longest varint or fixed size. */
+/* The largest StepReport frame of n blocks, with tensor statistics for each: every field at its
+ * longest varint or fixed size. */
 static size_t step_frame_bound(uint32_t n)
 {
     const size_t per_block = 2 + 10 /* len */ + 6 /* block_id */ + 4 * 9 /* doubles */ + 2 * 11 /* u64 */;
-    return PRISM_LOCAL_FRAME_HEADER + 2 + 10 + 11 /* step */ + 9 /* loss */ + (size_t)n * per_block;
+    const size_t per_tensor_stats = 2 + 10 /* len */ + 6 /* block_id */ + 4 * 9 /* doubles */ + 3 * 11 /* u64 */;
+    return PRISM_LOCAL_FRAME_HEADER + 2 + 10 + 11 /* step */ + 9 /* loss */ +
+           (size_t)n * (per_block + per_tensor_stats);
 }
 
 static void free_arrays(prism_client *c)
@@ -600,6 +687,11 @@ static void free_arrays(prism_client *c)
     free(c->seen), c->seen = NULL;
     free(c->prec), c->prec = NULL;
     free(c->prec_next), c->prec_next = NULL;
+    free(c->cprec), c->cprec = NULL;
+    free(c->cprec_next), c->cprec_next = NULL;
+    free(c->staged), c->staged = NULL;
+    free(c->ts), c->ts = NULL;
+    free(c->ts_ptr), c->ts_ptr = NULL;
     free(c->hello), c->hello = NULL;
 }
 
@@ -648,9 +740,45 @@ static void count_apply_lag(prism_client *c, const prism_hints_view *v)
     c->line.ext.lag_sum_ns += lag;
 }
 
-/* Reads the table into prec_next and, on success, makes it the map in use. prev: the step of
- * the previous begin_step (NULL: none), for counting a newer map that arrived after its
- * effective step had begun as a late switch. */
+/* Reads the compute plan of map `version` into cprec_next and *plan (plans.h): the plan file
+ * mapped when it was not (at most once per reconnect interval). False when the file was
+ * mid-write in every try: the caller keeps the map in use too, so that map and plan switch
+ * together. */
+static bool read_plan(prism_client *c, uint64_t version, prism_client_plan *plan)
+{
+    uint32_t cap = c->registered ? c->n_blocks : 0;
+    memset(plan, 0, sizeof *plan);
+    plan->low_format = PRISM_PRECISION_BF16;
+    plan->map_version = version;
+    if (!c->plans.h && now_ms() >= c->next_plans_ms)
+        open_plans(c);
+    prism_plans_entry e;
+    prism_plans_found found = PRISM_PLANS_NONE;
+    if (c->plans.h && version != 0)
+        found = prism_plans_read(&c->plans, version, &e, c->cprec_next, cap, HINT_READ_TRIES);
+    if (found == PRISM_PLANS_INCONSISTENT)
+        return false;
+    if (found == PRISM_PLANS_NONE) {
+        if (cap > 0)
+            memset(c->cprec_next, 0, cap);
+        return true;
+    }
+    plan->has_plan = true;
+    plan->high_fp16 = e.high_fp16 != 0;
+    plan->low_format = (prism_precision)e.low_format;
+    plan->low_blocks = e.low_blocks;
+    plan->predicted_iteration_seconds = e.predicted_iteration_seconds;
+    plan->compute_seconds = e.compute_seconds;
+    _Static_assert(sizeof plan->device_class <= sizeof e.device_class, "device class room");
+    memcpy(plan->device_class, e.device_class, sizeof plan->device_class - 1);
+    plan->device_class[sizeof plan->device_class - 1] = '\0';
+    return true;
+}
+
+/* Reads the table into prec_next and, when the map changes (or the plan of the map in use must
+ * be read again), the plan file into cprec_next; on success both become the ones in use. prev:
+ * the step of the previous begin_step (NULL: none), for counting a newer map that arrived after
+ * its effective step had begun as a late switch. */
 static uint64_t read_map(prism_client *c, uint64_t step, const uint64_t *prev)
 {
     prism_hints_view v;
@@ -658,11 +786,25 @@ static uint64_t read_map(prism_client *c, uint64_t step, const uint64_t *prev)
         c->n.hint_read_failures++;
         return c->view.map_version;
     }
+    bool changed = v.map_version != c->view.map_version;
+    if (changed || c->plan_stale) {
+        prism_client_plan plan;
+        if (!read_plan(c, v.map_version, &plan)) {
+            c->n.hint_read_failures++; /* the plan file mid-write: map and plan next time */
+            return c->view.map_version;
+        }
+        if (plan.has_plan && (!c->plan.has_plan || c->plan.map_version != plan.map_version))
+            c->n.plans_applied++;
+        c->plan = plan;
+        c->plan_stale = false;
+        uint8_t *ct = c->cprec;
+        c->cprec = c->cprec_next;
+        c->cprec_next = ct;
+    }
     c->n.hint_reads++;
     uint8_t *t = c->prec;
     c->prec = c->prec_next;
     c->prec_next = t;
-    bool changed = v.map_version != c->view.map_version;
     if (v.map_version > c->view.map_version && prev && *prev >= v.effective_step)
         c->n.late_switches++;
     c->view = v;
@@ -702,6 +844,11 @@ prism_status prism_client_register(prism_client *c, const prism_model_layout *la
     c->seen = calloc(n, sizeof *c->seen);
     c->prec = calloc(n, 1); /* zeros: bf16 */
     c->prec_next = calloc(n, 1);
+    c->cprec = calloc(n, 1); /* zeros: high */
+    c->cprec_next = calloc(n, 1);
+    c->staged = calloc(n, sizeof *c->staged);
+    c->ts = calloc(n, sizeof *c->ts);
+    c->ts_ptr = calloc(n, sizeof *c->ts_ptr);
     size_t bound = step_frame_bound(n);
     if (bound > c->out_cap) {
         uint8_t *grown = realloc(c->out, bound);
@@ -711,16 +858,18 @@ prism_status prism_client_register(prism_client *c, const prism_model_layout *la
         }
     }
     if (!c->gs || !c->gs_ptr || !c->be || !c->be_ptr || !c->cpu_stats || !c->seen || !c->prec || !c->prec_next ||
-        c->out_cap < bound) {
+        !c->cprec || !c->cprec_next || !c->staged || !c->ts || !c->ts_ptr || c->out_cap < bound) {
         free_arrays(c);
         return prism_error_set(err, PRISM_ERR_NOMEM, "report buffers for %u blocks", n);
     }
     for (uint32_t i = 0; i < n; i++) {
         prism__v1__block_grad_stats__init(&c->gs[i]);
         prism__v1__block_error__init(&c->be[i]);
+        prism__v1__block_tensor_stats__init(&c->ts[i]);
     }
     c->n_blocks = n;
     c->registered = true;
+    c->plan_stale = true; /* the copy so far had no room for the blocks */
     if (c->stepped && c->hints.h) {
         read_map(c, c->last_step, NULL); /* the copy so far had no room for the blocks */
         publish_line(c);
@@ -835,13 +984,73 @@ static prism_status send_step(prism_client *c, uint64_t step, const double *loss
     }
     report.n_blocks = n;
     report.blocks = c->gs_ptr;
+    for (size_t i = 0; i < c->n_staged; i++) {
+        const prism_block_tensor_stats *t = &c->staged[i];
+        Prism__V1__BlockTensorStats *m = &c->ts[i];
+        m->block_id = t->block_id;
+        m->x_l2 = t->x_l2;
+        m->x_max_abs = t->x_max_abs;
+        m->x_numel = t->x_numel;
+        m->w_l2 = t->w_l2;
+        m->w_max_abs = t->w_max_abs;
+        m->w_numel = t->w_numel;
+        m->y_numel = t->y_numel;
+        c->ts_ptr[i] = m;
+    }
+    report.n_tensor_stats = c->n_staged;
+    report.tensor_stats = c->ts_ptr;
     Prism__V1__AgentMessage msg = PRISM__V1__AGENT_MESSAGE__INIT;
     msg.kind_case = PRISM__V1__AGENT_MESSAGE__KIND_STEP_REPORT;
     msg.step_report = &report;
-    prism_status s = send_message(c, &msg, FRAME_STEP, err);
+    /* The frame carries them from here; counted (and cleared) when it is written whole. */
+    c->pend_ts = 0;
+    prism_status s = send_message_ts(c, &msg, c->n_staged, err);
     if (s != PRISM_OK && s != PRISM_ERR_UNAVAILABLE) /* UNAVAILABLE: counted with the lost frame */
         drop_report(c, prism_client_send_drop_reason(s));
     return s;
+}
+
+prism_status prism_client_stage_tensor_stats(prism_client *c, const prism_block_tensor_stats *stats, size_t n,
+                                             prism_error *err)
+{
+    if (!c)
+        return refuse(c, err, PRISM_ERR_INVALID, "client: NULL");
+    if (!c->registered)
+        return refuse(c, err, PRISM_ERR_STATE, "no layout registered (call prism_client_register first)");
+    if (n > 0 && !stats)
+        return refuse(c, err, PRISM_ERR_INVALID, "stats: NULL with n %zu", n);
+    if (n > c->n_blocks)
+        return refuse(c, err, PRISM_ERR_INVALID, "n: %zu entries, the registered layout has %u blocks", n,
+                      c->n_blocks);
+    if (++c->stamp == 0) {
+        memset(c->seen, 0, (size_t)c->n_blocks * sizeof *c->seen);
+        c->stamp = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const prism_block_tensor_stats *t = &stats[i];
+        if (t->block_id >= c->n_blocks)
+            return refuse(c, err, PRISM_ERR_INVALID,
+                          "stats[%zu].block_id: block %u is not in the registered layout (%u blocks)", i, t->block_id,
+                          c->n_blocks);
+        if (c->seen[t->block_id] == c->stamp)
+            return refuse(c, err, PRISM_ERR_INVALID, "stats[%zu].block_id: block %u appears twice", i, t->block_id);
+        c->seen[t->block_id] = c->stamp;
+        if (t->reserved != 0)
+            return refuse(c, err, PRISM_ERR_INVALID, "stats[%zu].reserved: %u, must be 0", i, t->reserved);
+        const struct {
+            const char *name;
+            double v;
+        } figures[] = {{"x_l2", t->x_l2}, {"x_max_abs", t->x_max_abs}, {"w_l2", t->w_l2}, {"w_max_abs", t->w_max_abs}};
+        for (size_t f = 0; f < sizeof figures / sizeof figures[0]; f++)
+            if (!isfinite(figures[f].v) || figures[f].v < 0)
+                return refuse(c, err, PRISM_ERR_INVALID, "stats[%zu].%s: %g is not a finite figure >= 0", i,
+                              figures[f].name, figures[f].v);
+    }
+    if (n > 0)
+        memcpy(c->staged, stats, n * sizeof *stats);
+    c->n_staged = n;
+    c->staged_gen++;
+    return PRISM_OK;
 }
 
 prism_status prism_client_report_step(prism_client *c, uint64_t step, const double *loss, const uint32_t *block_ids,
@@ -968,6 +1177,8 @@ uint64_t prism_client_begin_step(prism_client *c, uint64_t step)
             c->next_hints_ms = now + c->interval_ms;
             return c->view.map_version;
         }
+        if (!c->plans.h)
+            open_plans(c); /* the agent made it before the table */
     }
     uint64_t version = read_map(c, step, had_step ? &prev : NULL);
     publish_line(c);
@@ -985,6 +1196,25 @@ prism_precision prism_client_block_precision(const prism_client *c, uint32_t blo
 uint64_t prism_client_map_version(const prism_client *c)
 {
     return c ? c->view.map_version : 0;
+}
+
+prism_precision prism_client_compute_precision(const prism_client *c, uint32_t block)
+{
+    if (!c || !c->registered || !c->plan.has_plan || block >= c->n_blocks)
+        return PRISM_PRECISION_BF16;
+    uint8_t p = c->cprec[block];
+    return p > PRISM_PRECISION_BF16 && p < PRISM_PRECISION_COUNT ? (prism_precision)p : PRISM_PRECISION_BF16;
+}
+
+prism_status prism_client_get_plan(const prism_client *c, prism_client_plan *out, prism_error *err)
+{
+    if (!c || !out)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: NULL", !c ? "client" : "out");
+    *out = c->plan;
+    out->map_version = c->view.map_version;
+    if (!out->has_plan)
+        out->low_format = PRISM_PRECISION_BF16;
+    return PRISM_OK;
 }
 
 prism_status prism_client_get_state(const prism_client *c, prism_client_state *out, prism_error *err)

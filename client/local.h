@@ -22,6 +22,10 @@
 /* Default socket name, and the hint table's name beside it, in the shared directory. */
 #define PRISM_LOCAL_SOCKET_NAME "prism-agent.sock"
 #define PRISM_LOCAL_HINTS_NAME "prism-hints"
+/* The plan file (plans.h) in the same directory: the compute plan that came with each map. The
+ * name is fixed (prism_client_options has no field for it): a trainer looks for it there whatever
+ * its hint table is called. */
+#define PRISM_LOCAL_PLANS_NAME "prism-plans"
 
 static inline void prism_local_put_len(uint8_t out[PRISM_LOCAL_FRAME_HEADER], uint32_t len)
 {

@@ -1,5 +1,5 @@
-/* Writes the seed inputs of the agent_message, agent_frames and hints targets from real
- * messages and a real hint table:  fuzz_make_seeds CORPUS_DIR  (CORPUS_DIR/<target>/seed-*).
+/* Writes the seed inputs of the agent_message, agent_frames, hints and plans targets from real
+ * messages, a real hint table and a real plan file:  fuzz_make_seeds CORPUS_DIR  (CORPUS_DIR/<target>/seed-*).
  * The committed corpora began as these seeds; README.md says how they are kept. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "hints.h"
+#include "plans.h"
 #include "prism/v1/prism.pb-c.h"
 
 typedef struct buf {
@@ -353,6 +354,54 @@ static void hints_seeds(const char *dir)
     rmdir(tmp);
 }
 
+/* ---- plans: a real plan file ---- */
+
+static void plans_seeds(const char *dir)
+{
+    char tmp[] = "/tmp/prism-seed-plans-XXXXXX";
+    if (!mkdtemp(tmp)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    char path[128];
+    snprintf(path, sizeof path, "%s/prism-plans", tmp);
+    prism_plans t;
+    prism_error err;
+    if (prism_plans_create(&t, path, 8, &err) != PRISM_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        exit(1);
+    }
+    uint8_t low[8] = {0, 1, 1, 0, 2, 0, 1, 0};
+    prism_plans_entry e;
+    memset(&e, 0, sizeof e);
+    e.map_version = 1;
+    e.low_format = PRISM_PRECISION_INT8;
+    e.high_fp16 = 1;
+    e.predicted_iteration_seconds = 0.25;
+    e.compute_seconds = 0.2;
+    snprintf(e.device_class, sizeof e.device_class, "t4-16gb");
+    if (prism_plans_publish(&t, &e, low, 8, 0, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        exit(1);
+    }
+    e.map_version = 3;
+    e.low_format = PRISM_PRECISION_FP8_E4M3;
+    low[1] = low[2] = low[6] = 2;
+    if (prism_plans_publish(&t, &e, low, 5, 1, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        exit(1);
+    }
+    buf b = {0};
+    put(&b, t.h, t.bytes);
+    save(dir, "plans", "file", &b);
+    prism_plans_close(&t);
+    b.len = 1024 + 8; /* the header and a piece of the first slot: a shrunk file */
+    save(dir, "plans", "short", &b);
+    free(b.data);
+    unlink(path);
+    rmdir(tmp);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -362,5 +411,6 @@ int main(int argc, char **argv)
     agent_message_seeds(argv[1]);
     agent_frames_seeds(argv[1]);
     hints_seeds(argv[1]);
+    plans_seeds(argv[1]);
     return 0;
 }

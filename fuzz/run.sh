@@ -17,18 +17,19 @@ max_len() {
     agent_message) echo 4096 ;;
     agent_frames) echo 4096 ;;
     hints) echo 16384 ;;
+    plans) echo 16384 ;;
     *) echo 4096 ;;
   esac
 }
 if [[ "${1:-}" == "--merge" ]]; then
   # The committed corpus is kept small: only inputs of at most MERGE_MAX_BYTES (default 512 for
-  # trace and rest, whose short lines cover what long ones do, 4096 for hints, 1024 for the
+  # trace and rest, whose short lines cover what long ones do, 4096 for hints and plans, 1024 for the
   # others) are candidates;
   # -merge=1 keeps the fewest of them with all their coverage.
   build=$2 target=$3 cap=${MERGE_MAX_BYTES:-1024}
   [[ -z "${MERGE_MAX_BYTES:-}" && ("$target" == trace || "$target" == rest) ]] && cap=512
   # A hint table is a 1024-byte header and its slots: a valid one is longer than 1024 bytes.
-  [[ -z "${MERGE_MAX_BYTES:-}" && "$target" == hints ]] && cap=4096
+  [[ -z "${MERGE_MAX_BYTES:-}" && ("$target" == hints || "$target" == plans) ]] && cap=4096
   fresh=$(mktemp -d) candidates=$(mktemp -d)
   find "$here/corpus/$target" "$build/fuzz-work/$target" -type f -size -$((cap + 1))c \
     -exec cp {} "$candidates/" \;
