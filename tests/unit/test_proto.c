@@ -769,13 +769,16 @@ static void test_field_numbers_match_the_published_contract(void)
          "device_class=1 device_name=2 memory_bytes=3 bf16_ops_per_second=4 "
          "fp16_ops_per_second=5 int8_ops_per_second=6 fp8_ops_per_second=7 quantize_cost=8 "
          "cast_cost=9 h2d_bytes_per_second=10"},
-        {&prism__v1__block_info__descriptor, "id=1 name=2 param_bytes_bf16=3 shape=4"},
+        {&prism__v1__block_info__descriptor,
+         "id=1 name=2 param_bytes_bf16=3 shape=4 flops=5 activation_bytes_bf16=6 state_bytes=7"},
         {&prism__v1__model_layout__descriptor, "fingerprint=1 model_id=2 blocks=3"},
         {&prism__v1__hello__descriptor,
          "job_id=1 rank=2 world_size=3 node=4 token=5 device=6 layout=7"},
         {&prism__v1__block_grad_stats__descriptor,
          "block_id=1 l2_norm=2 max_abs=3 mean=4 variance=5 numel=6 nonfinite=7"},
-        {&prism__v1__step_report__descriptor, "step=1 loss=2 blocks=3"},
+        {&prism__v1__step_report__descriptor, "step=1 loss=2 blocks=3 tensor_stats=4"},
+        {&prism__v1__block_tensor_stats__descriptor,
+         "block_id=1 x_l2=2 x_max_abs=3 x_numel=4 w_l2=5 w_max_abs=6 w_numel=7 y_numel=8"},
         {&prism__v1__block_error__descriptor, "block_id=1 relative_error=2"},
         {&prism__v1__calibration_report__descriptor,
          "fingerprint=1 format=2 samples=3 errors=4"},
@@ -795,7 +798,10 @@ static void test_field_numbers_match_the_published_contract(void)
         {&prism__v1__block_precision__descriptor,
          "block_id=1 precision=2 sensitivity=3 reason=4 last_switch_step=5"},
         {&prism__v1__precision_update__descriptor,
-         "job_id=1 map_version=2 decided_step=3 effective_step=4 full=5 blocks=6"},
+         "job_id=1 map_version=2 decided_step=3 effective_step=4 full=5 blocks=6 compute_plan=7"},
+        {&prism__v1__compute_plan__descriptor,
+         "device_class=1 low_format=2 high_format=3 low_blocks=4 predicted_iteration_seconds=5 "
+         "compute_seconds=6"},
         {&prism__v1__calibration_errors__descriptor, "format=1 errors=2"},
         {&prism__v1__runtime_hints__descriptor,
          "map_version=1 max_inflight_h2d=2 max_inflight_d2h=3 prefetch_window=4 "
