@@ -1,0 +1,6 @@
+# Hybrid devices in prismd (issue 15 item 3): per-class compute plans at decisions.
+#   test_hybrid_prismd_unit  prism_policy_bump_version and the hybrid_* config keys
+#   test_hybrid_prismd       the real prismd with Python grpcio agents of two device classes: the
+#                            plan (REST equals `prismctl plan` on the same inputs), pushed with the
+#                            map to each class, kept, re-planned, refused, restored, metrics
+prism_test(test_hybrid_prismd_unit SOURCES unit/test_hybrid_prismd.c LIBS prism_policy)
