@@ -28,6 +28,9 @@ typedef struct plan_block {
     double g_l2, g_max_abs;
 } plan_block;
 
+/* The most (class, block) pairs one plan may have. */
+#define PRISMD_PLAN_MAX_PAIRS (1 << 24)
+
 /* One (class, block) pair of the raise order. */
 typedef struct rank_pair {
     uint32_t cls, block;
@@ -350,6 +353,21 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
         return PRISMD_PLAN_NONE;
     }
     size_t C = cl.n;
+    if (C > PRISMD_PLAN_MAX_PAIRS / L) {
+        /* The model's arrays hold a format per (class, block): bounded here, not by the wire. */
+        char why[160];
+        snprintf(why, sizeof why, "%zu device classes x %zu blocks: more than %d (class, block) pairs to plan", C, L,
+                 PRISMD_PLAN_MAX_PAIRS);
+        free(cl.first);
+        bool again = p->refused && strcmp(p->message, why) == 0;
+        if (again) {
+            p->kept++;
+            return PRISMD_PLAN_KEPT;
+        }
+        drop_attempt(p);
+        set_refused(p, job_id, why);
+        return PRISMD_PLAN_REFUSED;
+    }
     prismd_plan_outcome outcome = PRISMD_PLAN_NONE;
     prism_hybrid_block *blocks = calloc(L, sizeof *blocks);
     prism_hybrid_class *classes = calloc(C, sizeof *classes);

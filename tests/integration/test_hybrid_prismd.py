@@ -327,6 +327,21 @@ class HybridPrismdTest(unittest.TestCase):
         # The same low sets as the plan in force: no new map for it.
         self.assertEqual(again["map_version"], doc["map_version"])
 
+    def test_turning_hybrid_off_withdraws_the_plan_with_a_new_map(self):
+        agents, updates, doc = self.first_plan()
+        status, body = self.prismd.http("/v1/jobs/%s/config" % JOB, "PATCH", json.dumps({"hybrid": False}))
+        self.assertEqual(status, 200, body)
+        self.steps(agents, (3, 4), GRADS)
+        for a in agents:
+            u = self.next_update(a)
+            self.assertEqual((u.map_version, u.decided_step, u.effective_step), (doc["map_version"] + 1, 4, 7))
+            self.assertFalse(u.HasField("compute_plan"))
+        off = self.plan(lambda d: d["status"] == "disabled")
+        self.assertIsNone(off["plan"])
+        self.assertEqual((off["map_version"], off["decided_step"], off["effective_step"]), (None, None, None))
+        m = metrics(self.prismd)
+        self.assertNotIn(("prism_job_plan_iteration_seconds", frozenset([("job", JOB)])), m)
+
     def test_a_restart_keeps_the_plan_for_rest_and_welcome(self):
         agents, updates, doc = self.first_plan()
         body = self.raw_plan_body()
