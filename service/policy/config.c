@@ -19,6 +19,11 @@ static const prism_config_choice low_choices[] = {{"int8", PRISM_PRECISION_INT8}
                                                   {"int4", PRISM_PRECISION_INT4},
                                                   {NULL, 0}};
 
+static const prism_config_choice hybrid_low_choices[] = {{"auto", PRISM_HYBRID_LOW_AUTO},
+                                                         {"int8", PRISM_HYBRID_LOW_INT8},
+                                                         {"fp8_e4m3", PRISM_HYBRID_LOW_FP8_E4M3},
+                                                         {NULL, 0}};
+
 #define OFF(field) offsetof(prism_config, field)
 #define BIG 1e9
 
@@ -74,6 +79,22 @@ static const prism_config_key keys[] = {
      "a step completes this long after its first report even if ranks are missing"},
     {"world_size", PRISM_CFG_INT, OFF(world_size), "0", 0, 1e6, false, NULL,
      "ranks per job; 0: taken from the agents' Hello"},
+    {"hybrid", PRISM_CFG_BOOL, OFF(hybrid), "false", 0, 0, false, NULL,
+     "plan per-device-class compute precisions (DESIGN 11) at decisions when the ranks report two or more "
+     "device classes"},
+    {"hybrid_low_format", PRISM_CFG_CHOICE, OFF(hybrid_low_format), "\"auto\"", 0, 0, false, hybrid_low_choices,
+     "the low compute format of hybrid plans; auto: fp8_e4m3 where the class has FP8 throughput, else int8"},
+    {"hybrid_gamma", PRISM_CFG_DOUBLE, OFF(hybrid_gamma), "4", 0, INFINITY, false, NULL,
+     "weight of the forward term of the hybrid indicator (finite)"},
+    {"hybrid_memory_fraction", PRISM_CFG_DOUBLE, OFF(hybrid_memory_fraction), "0.9", 0, 1, true, NULL,
+     "share of a device's memory a hybrid plan may use"},
+    {"hybrid_fixed_classes", PRISM_CFG_NAMES, OFF(hybrid_fixed_classes), "null", 0, 0, false, NULL,
+     "device classes that run every block high; null: those whose high format is fastest; a name no rank "
+     "reports refuses the plan"},
+    {"hybrid_link_bytes_per_second", PRISM_CFG_DOUBLE, OFF(hybrid_link_bytes_per_second), "12.5e9", 0, INFINITY,
+     true, NULL, "all-reduce link bandwidth of the hybrid time model (finite)"},
+    {"hybrid_link_latency_seconds", PRISM_CFG_DOUBLE, OFF(hybrid_link_latency_seconds), "1e-5", 0, INFINITY, false,
+     NULL, "all-reduce latency per block of the hybrid time model (finite)"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -200,9 +221,84 @@ static prism_status parse_blocks(const prism_config_key *k, const char *prefix, 
     return PRISM_OK;
 }
 
+static void free_names(prism_name_list *l)
+{
+    for (size_t i = 0; i < l->count; i++)
+        free(l->names[i]);
+    free(l->names);
+    memset(l, 0, sizeof *l);
+}
+
+/* null, or an array of at most PRISM_NAME_LIST_MAX strings of 1 to PRISM_NAME_MAX bytes without
+ * NUL; out is replaced only on success. */
+static prism_status parse_names(const prism_config_key *k, const char *prefix, const json_t *v, prism_name_list *out,
+                                prism_error *err)
+{
+    prism_name_list l = {0};
+    if (json_is_null(v)) {
+        free_names(out);
+        return PRISM_OK;
+    }
+    if (!json_is_array(v))
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected null or an array of names, got %s", prefix,
+                               k->name, json_type_name(v));
+    size_t n = json_array_size(v);
+    if (n > PRISM_NAME_LIST_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %zu names, at most %d", prefix, k->name, n,
+                               PRISM_NAME_LIST_MAX);
+    l.given = true;
+    l.names = calloc(n ? n : 1, sizeof *l.names);
+    if (!l.names)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(v, i);
+        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+        const char *problem = !s                                          ? NULL
+                              : strlen(s) != json_string_length(e)        ? "contains a NUL"
+                              : s[0] == '\0'                              ? "is empty"
+                              : strlen(s) > PRISM_NAME_MAX                ? "is longer than 255 bytes"
+                                                                          : NULL;
+        if (!s || problem) {
+            prism_status st = !s ? prism_error_set(err, PRISM_ERR_INVALID, "%s%s[%zu]: expected a string, got %s",
+                                                   prefix, k->name, i, json_type_name(e))
+                                 : prism_error_set(err, PRISM_ERR_INVALID, "%s%s[%zu]: the name %s", prefix, k->name,
+                                                   i, problem);
+            free_names(&l);
+            return st;
+        }
+        if (!(l.names[i] = strdup(s))) {
+            free_names(&l);
+            return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        }
+        l.count = i + 1;
+    }
+    free_names(out);
+    *out = l;
+    return PRISM_OK;
+}
+
+static prism_status copy_names(prism_name_list *dst, const prism_name_list *src)
+{
+    memset(dst, 0, sizeof *dst);
+    if (!src->given)
+        return PRISM_OK;
+    dst->names = calloc(src->count ? src->count : 1, sizeof *dst->names);
+    if (!dst->names)
+        return PRISM_ERR_NOMEM;
+    dst->given = true;
+    for (size_t i = 0; i < src->count; i++) {
+        if (!(dst->names[i] = strdup(src->names[i]))) {
+            free_names(dst);
+            return PRISM_ERR_NOMEM;
+        }
+        dst->count = i + 1;
+    }
+    return PRISM_OK;
+}
+
 /* Every enum field of prism_config is written through an int (choices). */
 _Static_assert(sizeof(prism_mode) == sizeof(int) && sizeof(prism_ambiguous) == sizeof(int) &&
-                   sizeof(prism_precision) == sizeof(int),
+                   sizeof(prism_precision) == sizeof(int) && sizeof(prism_hybrid_low_choice) == sizeof(int),
                "config choice fields must be int-sized");
 
 static bool in_range(const prism_config_key *k, double x)
@@ -305,6 +401,8 @@ static prism_status set_key(prism_config *cfg, const prism_config_key *k, const 
     }
     case PRISM_CFG_BLOCKS:
         return parse_blocks(k, prefix, v, (prism_block_list *)field, err);
+    case PRISM_CFG_NAMES:
+        return parse_names(k, prefix, v, (prism_name_list *)field, err);
     }
     return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: unsupported type", prefix, k->name);
 }
@@ -376,6 +474,7 @@ void prism_config_free(prism_config *cfg)
     free(cfg->force_bf16_blocks.ids);
     free(cfg->force_int8_blocks.ids);
     free(cfg->telemetry_file);
+    free_names(&cfg->hybrid_fixed_classes);
     memset(cfg, 0, sizeof *cfg);
 }
 
@@ -397,8 +496,10 @@ prism_status prism_config_copy(prism_config *dst, const prism_config *src, prism
     prism_config tmp = *src;
     tmp.force_bf16_blocks.ids = tmp.force_int8_blocks.ids = NULL;
     tmp.telemetry_file = NULL;
+    memset(&tmp.hybrid_fixed_classes, 0, sizeof tmp.hybrid_fixed_classes);
     if (copy_list(&tmp.force_bf16_blocks, &src->force_bf16_blocks) ||
         copy_list(&tmp.force_int8_blocks, &src->force_int8_blocks) ||
+        copy_names(&tmp.hybrid_fixed_classes, &src->hybrid_fixed_classes) ||
         (src->telemetry_file && !(tmp.telemetry_file = strdup(src->telemetry_file)))) {
         prism_config_free(&tmp);
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
@@ -565,6 +666,13 @@ json_t *prism_config_to_json(const prism_config *cfg)
                 json_array_append_new(v, json_integer(l->ids[j]));
             break;
         }
+        case PRISM_CFG_NAMES: {
+            const prism_name_list *l = (const prism_name_list *)field;
+            v = l->given ? json_array() : json_null();
+            for (size_t j = 0; l->given && v && j < l->count; j++)
+                json_array_append_new(v, json_string(l->names[j]));
+            break;
+        }
         }
         if (!v || json_object_set_new(obj, k->name, v)) {
             json_decref(obj);
@@ -588,7 +696,8 @@ char *prism_json_dumps_exact(const json_t *obj, size_t flags)
 
 void prism_config_print_help(FILE *out)
 {
-    static const char *const type_names[] = {"bool", "integer", "number", "choice", "string", "block ids"};
+    static const char *const type_names[] = {"bool", "integer", "number", "choice", "string", "block ids",
+                                              "names or null"};
     for (size_t i = 0; i < NKEYS; i++) {
         const prism_config_key *k = &keys[i];
         char range[64] = "";

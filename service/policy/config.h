@@ -3,6 +3,7 @@
 #ifndef PRISM_POLICY_CONFIG_H
 #define PRISM_POLICY_CONFIG_H
 
+#include "hybrid.h"
 #include "prism/common.h"
 
 #include <jansson.h>
@@ -33,6 +34,16 @@ typedef struct prism_block_list {
     size_t count;
 } prism_block_list;
 
+/* A list of names that may be absent (JSON null): hybrid_fixed_classes. */
+typedef struct prism_name_list {
+    bool given;    /* false: null (the automatic rule) */
+    char **names;  /* in the order given, repeats kept; owned by the config */
+    size_t count;
+} prism_name_list;
+
+#define PRISM_NAME_LIST_MAX 1024 /* names in a prism_name_list */
+#define PRISM_NAME_MAX 255       /* bytes of one name (a device class, as prismd keeps it) */
+
 typedef struct prism_config {
     bool enabled;
     prism_mode mode;
@@ -59,6 +70,14 @@ typedef struct prism_config {
     int64_t apply_lag_steps;
     int64_t step_timeout_ms;
     int64_t world_size; /* 0: from the agents' Hello */
+    /* Hybrid devices (DESIGN 11, issue 15): prismd's per-class compute plans. */
+    bool hybrid;
+    prism_hybrid_low_choice hybrid_low_format;
+    double hybrid_gamma;
+    double hybrid_memory_fraction;
+    prism_name_list hybrid_fixed_classes;
+    double hybrid_link_bytes_per_second;
+    double hybrid_link_latency_seconds;
 } prism_config;
 
 typedef enum prism_config_type {
@@ -67,7 +86,8 @@ typedef enum prism_config_type {
     PRISM_CFG_DOUBLE,
     PRISM_CFG_CHOICE, /* a string from a fixed list, stored in an enum field */
     PRISM_CFG_STRING,
-    PRISM_CFG_BLOCKS  /* an array of block ids */
+    PRISM_CFG_BLOCKS, /* an array of block ids */
+    PRISM_CFG_NAMES   /* null or an array of strings (prism_name_list) */
 } prism_config_type;
 
 typedef struct prism_config_choice {

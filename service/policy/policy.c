@@ -589,6 +589,11 @@ uint64_t prism_policy_steps_collected(const prism_policy *p)
     return p->collected;
 }
 
+uint64_t prism_policy_bump_version(prism_policy *p)
+{
+    return ++p->map_version;
+}
+
 uint64_t prism_policy_map_version(const prism_policy *p)
 {
     return p->map_version;

@@ -123,6 +123,11 @@ prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision form
 prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
                                    size_t count, prism_step_result *out, prism_error *err);
 
+/* Commits a new map version with the same precisions (prismd: a new hybrid compute plan must go
+ * out with a map of its own when the decision changed none). Returns the new version; the map
+ * it names is the current one, decided at the last step collected. */
+uint64_t prism_policy_bump_version(prism_policy *p);
+
 /* Steps collected so far (n of DESIGN 4.2), last step id, current map version. */
 uint64_t prism_policy_steps_collected(const prism_policy *p);
 uint64_t prism_policy_map_version(const prism_policy *p);

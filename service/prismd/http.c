@@ -836,6 +836,8 @@ void prismd_http_print_help(FILE *out)
         {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
         {"GET /v1/jobs/JOB/ranks", "per rank: connected, node and device (last Hello), last step, last Ack, trainer "
                                    "counters (last Heartbeat), lagging, acked_current_map"},
+        {"GET /v1/jobs/JOB/plan", "the hybrid-device plan (DESIGN 11): status, device classes seen, the plan in force "
+                                  "(prismctl plan's object) and the map it went out with"},
         {"DELETE /v1/jobs/JOB", "admin token only: ends the job's streams (NOT_FOUND), removes it from memory, the "
                                 "store and DIR/jobs/JOB/; 200 {\"job_id\",\"deleted\":true}, 404 unknown job"},
         {"GET /metrics", "Prometheus text exposition (prism_* metrics)"},

@@ -8,6 +8,7 @@
 #include "idmap.h"
 #include "log.h"
 #include "merge.h"
+#include "plans.h"
 #include "policy.h"
 #include "telemetry.h"
 #include "telemetry_files.h"
@@ -79,6 +80,7 @@ struct prismd_job {
     int64_t last_active_ms; /* wall clock of the last agent message or disconnect (--job-idle-expiry) */
     int64_t saved_active_ms; /* the last_active_ms the store has */
     uint64_t decisions;     /* made since prismd started */
+    prismd_plans *plans;    /* hybrid-device compute plans (DESIGN 11) */
 };
 
 struct prismd_jobs {
@@ -159,6 +161,10 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     job->has_summary = saved->has_summary;
     job->summary = saved->summary;
     job->decided_unix = saved->has_summary ? saved->decided_unix : NAN;
+    prism_error perr;
+    if (saved->has_plan_row && !prismd_plans_restore(job->plans, &saved->plan, &perr))
+        prism_log(PRISM_LOG_ERROR, "the stored hybrid plan is not restored", "job", job->id, "error", perr.message,
+                  LOG_END);
     /* Idle from the restart until the store says otherwise; saved_active_ms 0 (never saved) makes
      * housekeeping store this time once for a job that has no activity row yet (a schema-1 store),
      * so its idle time counts across later restarts too. */
@@ -224,6 +230,7 @@ static void job_free(prismd_job *job)
         fclose(job->telemetry);
     prism_policy_destroy(job->policy);
     prism_merger_destroy(job->merger);
+    prismd_plans_destroy(job->plans);
     free(job->token);
     free(job->creator);
     free(job->agents);
@@ -371,6 +378,8 @@ static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
     f->int8_ops_per_second = d ? d->int8_ops_per_second : 0;
     f->fp8_ops_per_second = d ? d->fp8_ops_per_second : 0;
     f->h2d_bytes_per_second = d ? d->h2d_bytes_per_second : 0;
+    f->quantize_fixed_seconds = d && d->quantize_cost ? d->quantize_cost->fixed_seconds : 0;
+    f->quantize_seconds_per_byte = d && d->quantize_cost ? d->quantize_cost->seconds_per_byte : 0;
     return true;
 }
 
@@ -393,8 +402,9 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     prism_idmap_init(&job->name_ix);
     prism_idmap_init(&job->block_ix);
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
+    job->plans = prismd_plans_create();
     job->token = token && token[0] ? strdup(token) : NULL;
-    if (!job->merger || (token && token[0] && !job->token) ||
+    if (!job->merger || !job->plans || (token && token[0] && !job->token) ||
         prism_merger_set_limits(job->merger, PRISM_MERGE_MAX_OPEN_STEPS, j->limits.max_blocks, &err)) {
         job_free(job);
         fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "job %s: cannot be created", id);
@@ -521,8 +531,43 @@ static void send_error(prismd_stream *s, int code, const char *message)
     send_service(s, &m);
 }
 
-/* Sends the job's current map to every agent (as a ServiceMessage) and watcher (as a bare
- * PrecisionUpdate). */
+/* The compute plan in force for an agent of rank (its class's, by its last Hello's device
+ * class), or NULL: no plan, or none for its class. */
+static const prismd_plan_class *agent_plan(prismd_job *job, uint32_t rank)
+{
+    const prismd_rank_facts *f = rank_find(job, rank);
+    return f && f->has_device ? prismd_plans_class(job->plans, f->device_class) : NULL;
+}
+
+/* c as the wire's ComputePlan (pointing into c). */
+static void fill_compute_plan(const prismd_job *job, const prismd_plan_class *c, Prism__V1__ComputePlan *cp)
+{
+    prism__v1__compute_plan__init(cp);
+    cp->device_class = c->name;
+    cp->low_format = wire_precision(c->low_format);
+    cp->high_format = (char *)c->high_format;
+    cp->n_low_blocks = c->nlow;
+    cp->low_blocks = c->low_blocks;
+    cp->predicted_iteration_seconds = prismd_plans_iteration_seconds(job->plans);
+    cp->compute_seconds = c->compute_seconds;
+}
+
+/* u as a ServiceMessage, shared by the streams it goes to (NULL when memory runs out). */
+static prismd_message *update_message(Prism__V1__PrecisionUpdate *u)
+{
+    Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
+    m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_UPDATE;
+    m.update = u;
+    size_t len;
+    uint8_t *buf = pack_service(&m, &len);
+    prismd_message *msg = buf ? prismd_message_create(buf, len) : NULL;
+    free(buf);
+    return msg;
+}
+
+/* Sends the job's current map to every agent (as a ServiceMessage, with its class's compute
+ * plan when the plan in force has one: one packed message per class) and watcher (as a bare
+ * PrecisionUpdate, never with a plan). */
 static void broadcast_map(prismd_jobs *j, prismd_job *job)
 {
     Prism__V1__PrecisionUpdate u;
@@ -532,19 +577,33 @@ static void broadcast_map(prismd_jobs *j, prismd_job *job)
         prism_log(PRISM_LOG_ERROR, "out of memory building a map", "job", job->id, LOG_END);
         return;
     }
-    Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
-    m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_UPDATE;
-    m.update = &u;
-    size_t len;
     /* One copy of each message however many streams it goes to (stream.h). */
-    uint8_t *buf = pack_service(&m, &len);
-    prismd_message *msg = buf ? prismd_message_create(buf, len) : NULL;
-    free(buf);
-    for (size_t i = 0; msg && i < job->nagents; i++) {
+    prismd_message *base = update_message(&u);
+    size_t nclasses = prismd_plans_class_count(job->plans);
+    prismd_message **per_class = nclasses ? calloc(nclasses, sizeof *per_class) : NULL;
+    for (size_t i = 0; base && i < job->nagents; i++) {
+        const prismd_plan_class *c = per_class ? agent_plan(job, job->agents[i].rank) : NULL;
+        prismd_message *msg = base;
+        if (c) {
+            size_t k = (size_t)(c - prismd_plans_class_at(job->plans, 0));
+            if (!per_class[k]) {
+                Prism__V1__ComputePlan cp;
+                fill_compute_plan(job, c, &cp);
+                u.compute_plan = &cp;
+                per_class[k] = update_message(&u);
+                u.compute_plan = NULL;
+            }
+            msg = per_class[k];
+        }
+        if (!msg)
+            continue;
         prismd_stream_send_message(job->agents[i].stream, msg);
         j->counters.updates_sent++;
     }
-    prismd_message_release(msg);
+    prismd_message_release(base);
+    for (size_t k = 0; per_class && k < nclasses; k++)
+        prismd_message_release(per_class[k]);
+    free(per_class);
     if (job->nwatchers) {
         size_t ulen;
         uint8_t *ubuf = pack_update(&u, &ulen);
@@ -631,7 +690,7 @@ static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p
     p->world_size = (uint32_t)c->world_size;
 }
 
-static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, const cal_list *cached)
+static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, uint32_t rank, const cal_list *cached)
 {
     Prism__V1__PolicyConfig cfg;
     fill_policy_config(prism_policy_config(job->policy), &cfg);
@@ -641,6 +700,12 @@ static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, cons
         map_free(&st);
         send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
+    }
+    Prism__V1__ComputePlan cp;
+    const prismd_plan_class *plan = agent_plan(job, rank);
+    if (plan) {
+        fill_compute_plan(job, plan, &cp);
+        u.compute_plan = &cp;
     }
     Prism__V1__Welcome w = PRISM__V1__WELCOME__INIT;
     w.config = &cfg;
@@ -776,7 +841,9 @@ static bool device_ok(const Prism__V1__DeviceProfile *d, prismd_status *end)
         double value;
     } figures[] = {{"bf16_ops_per_second", d->bf16_ops_per_second}, {"fp16_ops_per_second", d->fp16_ops_per_second},
                    {"int8_ops_per_second", d->int8_ops_per_second}, {"fp8_ops_per_second", d->fp8_ops_per_second},
-                   {"h2d_bytes_per_second", d->h2d_bytes_per_second}};
+                   {"h2d_bytes_per_second", d->h2d_bytes_per_second},
+                   {"quantize_cost.fixed_seconds", d->quantize_cost ? d->quantize_cost->fixed_seconds : 0},
+                   {"quantize_cost.seconds_per_byte", d->quantize_cost ? d->quantize_cost->seconds_per_byte : 0}};
     for (size_t i = 0; i < sizeof figures / sizeof *figures; i++)
         if (!isfinite(figures[i].value) || figures[i].value < 0)
             return fail(end, GRPC_STATUS_INVALID_ARGUMENT, "hello.device.%s: %g is not a finite number >= 0",
@@ -852,6 +919,9 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                             "layout blocks, the limit", b->id, j->limits.max_blocks);
             if (prism_policy_set_block_bytes(job->policy, b->id, b->param_bytes_bf16, &err))
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %s", err.message);
+            if (!prismd_plans_layout(job->plans, b->id, (double)b->param_bytes_bf16, (double)b->flops,
+                                     (double)b->activation_bytes_bf16, (double)b->state_bytes))
+                return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         }
     }
     cal_list cached = {.policy = job->policy};
@@ -894,7 +964,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
     snprintf(rank, sizeof rank, "%u", h->rank);
     prism_log(PRISM_LOG_INFO, "agent connected", "job", job->id, "rank", rank, "node", h->node ? h->node : "",
                LOG_END);
-    send_welcome(j, job, s, &cached);
+    send_welcome(j, job, s, h->rank, &cached);
     cal_free(&cached);
     return true;
 }
@@ -985,6 +1055,37 @@ static void log_changes(const prismd_job *job, const prism_step_result *r)
     }
 }
 
+/* Plans the job's hybrid compute plans at a decision (DESIGN 11) from the decision's merged step.
+ * A plan whose per-class low sets differ from those in force goes out with a map: the decision's
+ * own when it changed the map, else a new version of the same precisions committed here (r is
+ * updated as if the decision had changed the map). true, with *row filled, when the store must
+ * keep the plan state with this decision's state. */
+static bool plan_at_decision(prismd_job *job, const prism_merged_step *m, prism_step_result *r, prismd_plan_row *row)
+{
+    bool changed = false;
+    if (!prismd_plans_gradients(job->plans, m->blocks, m->count))
+        prism_log(PRISM_LOG_ERROR, "out of memory keeping gradient statistics for hybrid plans", "job", job->id,
+                  LOG_END);
+    prismd_plan_outcome o = prismd_plans_decide(job->plans, job->id, prism_policy_config(job->policy), job->ranks,
+                                                job->nranks, &changed);
+    if (changed) {
+        if (!r->map_changed) {
+            r->map_version = prism_policy_bump_version(job->policy);
+            r->summary.map_version = r->map_version;
+            r->map_changed = true;
+            job->summary.map_version = r->map_version;
+            job->decided_step = r->decided_step;
+            job->effective_step = r->effective_step;
+        }
+        prismd_plans_set_map(job->plans, prism_policy_map_version(job->policy), job->decided_step,
+                             job->effective_step);
+    }
+    if (o != PRISMD_PLAN_PLANNED && o != PRISMD_PLAN_REFUSED && o != PRISMD_PLAN_WITHDRAWN)
+        return false;
+    prismd_plans_row(job->plans, row);
+    return true;
+}
+
 /* Hands every ready merged step to the policy and pushes a changed map. Each decision's
  * wall-clock time is taken once: GET /v1/jobs' last_decision_unix, the store's copy of it and
  * the decision's telemetry timestamp are the same number. */
@@ -1030,12 +1131,14 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             job->effective_step = r.effective_step;
             j->urgent = true;
         }
+        prismd_plan_row plan_row;
+        bool save_plan = r.decided && plan_at_decision(job, &m, &r, &plan_row);
         if (!r.decided && !r.map_changed)
             continue;
         /* A map is durable before it is sent (DESIGN 7). */
         if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
                                                 r.changes, r.change_count, job->has_summary ? &job->summary : NULL,
-                                                job->decided_unix, &err)) {
+                                                job->decided_unix, save_plan ? &plan_row : NULL, &err)) {
             j->counters.store_errors++;
             prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
                        err.message, LOG_END);
@@ -1046,6 +1149,34 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         log_changes(job, &r);
         if (r.decided)
             write_telemetry(j, job, &r.summary, job->decided_unix, m.has_loss ? &m.loss : NULL);
+    }
+}
+
+/* A report's weight and activation statistics (DESIGN 11) for the hybrid plans, checked like its
+ * BlockGradStats: an entry naming a block the job does not have, or with a negative or non-finite
+ * figure, is refused and counted; the others are kept (a late report's too: the later step wins
+ * per half whatever the order of arrival). */
+static void take_tensor_stats(prismd_jobs *j, prismd_job *job, uint32_t rank, const Prism__V1__StepReport *r)
+{
+    if (r->n_tensor_stats)
+        j->dirty = true; /* /metrics counts them */
+    for (size_t i = 0; i < r->n_tensor_stats; i++) {
+        const Prism__V1__BlockTensorStats *t = r->tensor_stats[i];
+        double figures[] = {t->x_l2, t->x_max_abs, t->w_l2, t->w_max_abs};
+        bool ok = job_has_block(job, t->block_id);
+        for (size_t f = 0; ok && f < sizeof figures / sizeof *figures; f++)
+            ok = isfinite(figures[f]) && figures[f] >= 0;
+        if (!ok) {
+            j->counters.tensor_stats_refused++;
+            continue;
+        }
+        if (!prismd_plans_tensor_stats(job->plans, rank, r->step, t->block_id, t->x_l2, t->x_max_abs,
+                                       (double)t->x_numel, t->w_l2, t->w_max_abs, (double)t->w_numel,
+                                       (double)t->y_numel)) {
+            prism_log(PRISM_LOG_ERROR, "out of memory keeping tensor statistics", "job", job->id, LOG_END);
+            return;
+        }
+        j->counters.tensor_stats_accepted++;
     }
 }
 
@@ -1107,6 +1238,7 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
                    message);
         return;
     }
+    take_tensor_stats(j, job, peer->rank, r);
     /* The rank reported this step, whether the merger still takes it or not (a straggler's
      * late reports show how far behind it is). */
     prismd_rank_facts *f = rank_find(job, peer->rank);
@@ -1418,6 +1550,7 @@ static void snap_job_free(prismd_snap_job *sj)
     for (size_t r = 0; r < sj->nranks; r++)
         prismd_rank_facts_clear(&sj->ranks[r]);
     free(sj->ranks);
+    prismd_plan_view_free(&sj->plan);
 }
 
 /* Copies the job's rank facts into sj with the two counts of GET /v1/jobs; false when memory
@@ -1504,7 +1637,8 @@ static void publish(prismd_jobs *j)
         sj->decided_unix = job->decided_unix;
         sj->decisions = job->decisions;
         memcpy(sj->switches, job->switches, sizeof sj->switches);
-        if (!snap_ranks(sj, job)) {
+        if (!snap_ranks(sj, job) ||
+            !prismd_plans_view(job->plans, prism_policy_config(job->policy), job->ranks, job->nranks, &sj->plan)) {
             snap_job_free(sj);
             break;
         }
@@ -1530,6 +1664,8 @@ static void publish(prismd_jobs *j)
     snap->agents_replaced = c->agents_replaced;
     snap->jobs_deleted = c->jobs_deleted;
     snap->jobs_expired = c->jobs_expired;
+    snap->tensor_stats_accepted = c->tensor_stats_accepted;
+    snap->tensor_stats_refused = c->tensor_stats_refused;
     if (j->limits.tokens) {
         snap->tokens_loads_ok = atomic_load(&j->limits.tokens->loads_ok);
         snap->tokens_loads_failed = atomic_load(&j->limits.tokens->loads_failed);

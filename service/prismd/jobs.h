@@ -76,6 +76,8 @@ typedef struct prismd_jobs_counters {
     uint64_t agents_replaced;  /* Connect streams ended because a newer agent took their rank */
     uint64_t jobs_deleted;     /* by DELETE /v1/jobs/JOB */
     uint64_t jobs_expired;     /* by --job-idle-expiry */
+    uint64_t tensor_stats_accepted; /* BlockTensorStats entries kept for hybrid plans */
+    uint64_t tensor_stats_refused;  /* refused: an unknown block, a negative or non-finite figure */
 } prismd_jobs_counters;
 
 /* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the

@@ -721,6 +721,70 @@ static void limits_metrics(text *t)
     add(t, "prism_metrics_streams_refused_total %llu\n", (unsigned long long)atomic_load(&c->metrics_streams_refused));
 }
 
+/* A Prometheus label value: backslash, double quote and newline escaped (device class names are
+ * any text a Hello brought). */
+static void label_value(const char *in, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *c = in; *c && n + 3 < len; c++) {
+        if (*c == '\\' || *c == '"' || *c == '\n') {
+            out[n++] = '\\';
+            out[n++] = *c == '\n' ? 'n' : *c;
+        } else {
+            out[n++] = *c;
+        }
+    }
+    out[n] = '\0';
+}
+
+/* The hybrid-device plan families (DESIGN 11): of the plan in force, per job and device class,
+ * and the planning outcomes at decisions since start. */
+static void plan_metrics(text *t, const prismd_snapshot *snap)
+{
+    family(t, "prism_job_plan_iteration_seconds", "gauge",
+           "Predicted iteration time T of the job's hybrid plan in force (GET /v1/jobs/{job}/plan).");
+    for (size_t i = 0; i < snap->njobs; i++)
+        if (snap->jobs[i].plan.has_plan)
+            add(t, "prism_job_plan_iteration_seconds{job=\"%s\"} %.17g\n", snap->jobs[i].id,
+                snap->jobs[i].plan.iteration_seconds);
+    family(t, "prism_job_plan_compute_seconds", "gauge",
+           "Predicted compute time f_k(0) of each device class under the job's hybrid plan in force: when its last "
+           "gradients are ready.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        for (size_t k = 0; k < snap->jobs[i].plan.nclasses; k++) {
+            char cls[3 * PRISMD_RANK_TEXT_MAX + 4];
+            label_value(snap->jobs[i].plan.classes[k].name, cls, sizeof cls);
+            add(t, "prism_job_plan_compute_seconds{job=\"%s\",device_class=\"%s\"} %.17g\n", snap->jobs[i].id, cls,
+                snap->jobs[i].plan.classes[k].compute_seconds);
+        }
+    family(t, "prism_job_plan_low_blocks", "gauge",
+           "Blocks that the job's hybrid plan in force runs in the low format on each device class.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        for (size_t k = 0; k < snap->jobs[i].plan.nclasses; k++) {
+            char cls[3 * PRISMD_RANK_TEXT_MAX + 4];
+            label_value(snap->jobs[i].plan.classes[k].name, cls, sizeof cls);
+            add(t, "prism_job_plan_low_blocks{job=\"%s\",device_class=\"%s\"} %zu\n", snap->jobs[i].id, cls,
+                snap->jobs[i].plan.classes[k].nlow);
+        }
+    family(t, "prism_job_plans_total", "counter",
+           "Hybrid planning at the job's decisions since start, by outcome: planned (a new plan), kept (the ranking "
+           "and inputs of the last plan: not re-planned), refused (the plan in force stays).");
+    for (size_t i = 0; i < snap->njobs; i++) {
+        const prismd_plan_view *v = &snap->jobs[i].plan;
+        add(t, "prism_job_plans_total{job=\"%s\",outcome=\"planned\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)v->replans);
+        add(t, "prism_job_plans_total{job=\"%s\",outcome=\"kept\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)v->kept);
+        add(t, "prism_job_plans_total{job=\"%s\",outcome=\"refused\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)v->refused);
+    }
+    family(t, "prism_tensor_stats_total", "counter",
+           "BlockTensorStats entries of step reports (hybrid plans' weight and activation statistics), by outcome: "
+           "accepted, or refused (an unknown block, a negative or non-finite figure).");
+    add(t, "prism_tensor_stats_total{outcome=\"accepted\"} %llu\n", (unsigned long long)snap->tensor_stats_accepted);
+    add(t, "prism_tensor_stats_total{outcome=\"refused\"} %llu\n", (unsigned long long)snap->tensor_stats_refused);
+}
+
 /* The per-block family of /metrics: one sample per scored block of every job. */
 static const char block_family_head[] =
     "# HELP prism_block_sensitivity Sensitivity score s of each scored block at the last decision.\n"
@@ -870,6 +934,7 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     for (size_t i = 0; i < snap->njobs; i++)
         add(&t, "prism_job_ranks_late_switches{job=\"%s\"} %llu\n", snap->jobs[i].id,
             (unsigned long long)snap->jobs[i].late_switches);
+    plan_metrics(&t, snap);
     family(&t, "prism_step_reports_total", "counter", "Step reports received from agents, by outcome.");
     add(&t, "prism_step_reports_total{outcome=\"accepted\"} %llu\n", (unsigned long long)snap->reports_accepted);
     add(&t, "prism_step_reports_total{outcome=\"malformed\"} %llu\n", (unsigned long long)snap->reports_rejected);
@@ -1034,7 +1099,7 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD";
     if (strcmp(rest, "/events") == 0)
         return "GET";
-    if (strcmp(rest, "/hints") == 0 || strcmp(rest, "/ranks") == 0)
+    if (strcmp(rest, "/hints") == 0 || strcmp(rest, "/ranks") == 0 || strcmp(rest, "/plan") == 0)
         return "GET, HEAD";
     if (strcmp(rest, "/overrides") == 0)
         return "PUT";
@@ -1209,6 +1274,42 @@ static void get_jobs(prismd_rest *r, prismd_snapshot *snap, const char *auth, pr
     }
 }
 
+static json_t *opt_u64(bool present, uint64_t x)
+{
+    return present ? json_integer((json_int_t)x) : json_null();
+}
+
+/* GET .../plan: the job's hybrid-device plan state (DESIGN 11); "plan" is the stored plan object
+ * text itself (the object `prismctl plan` prints on the same inputs), spliced in unchanged. */
+static void get_plan(const prismd_snap_job *j, prismd_answer *a)
+{
+    const prismd_plan_view *v = &j->plan;
+    json_t *seen = json_array();
+    for (size_t k = 0; seen && k < v->nclasses_seen; k++)
+        json_array_append_new(seen, json_string(v->classes_seen[k]));
+    json_t *obj = json_pack("{s:s, s:b, s:s, s:s, s:o, s:I, s:o, s:o, s:o, s:I, s:I}", "job", j->id, "hybrid",
+                            v->hybrid, "status", v->status ? v->status : "disabled", "message",
+                            v->message ? v->message : "", "classes_seen", seen, "blocks_missing_statistics",
+                            (json_int_t)v->blocks_missing, "map_version", opt_u64(v->has_plan, v->map_version),
+                            "decided_step", opt_u64(v->has_plan, v->decided_step), "effective_step",
+                            opt_u64(v->has_plan, v->effective_step), "replans", (json_int_t)v->replans,
+                            "plans_kept", (json_int_t)v->kept);
+    char *head = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(obj);
+    char *body = NULL;
+    if (head && asprintf(&body, "%.*s,\"plan\":%s}", (int)strlen(head) - 1, head,
+                         v->plan_json ? v->plan_json : "null") < 0)
+        body = NULL;
+    free(head);
+    if (!body) {
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    a->status = 200;
+    a->content_type = "application/json";
+    a->body = body;
+}
+
 bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_query_fn query, void *query_ctx,
                      prismd_answer *a)
 {
@@ -1240,6 +1341,8 @@ bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_
             get_telemetry(r, j, query, query_ctx, a);
         else if (strcmp(rest, "/ranks") == 0)
             get_ranks(r, snap, j, a);
+        else if (strcmp(rest, "/plan") == 0)
+            get_plan(j, a);
         else if (strcmp(rest, "/hints") == 0)
             answer_json(a, 200,
                         json_pack("{s:s, s:o}", "job_id", j->id, "hints",

@@ -25,6 +25,7 @@ void prismd_snapshot_release(prismd_snapshot *snap)
             free(snap->jobs[i].names[b]);
         free(snap->jobs[i].names);
         free(snap->jobs[i].token);
+        prismd_plan_view_free(&snap->jobs[i].plan);
         free(snap->jobs[i].blocks);
         free(atomic_load(&snap->jobs[i].blocks_json));
         free(atomic_load(&snap->jobs[i].blocks_gzip));
@@ -146,4 +147,26 @@ bool prismd_rank_lagging(const prismd_rank_facts *f, bool has_newest, uint64_t n
 bool prismd_rank_acked_current(const prismd_rank_facts *f, uint64_t map_version)
 {
     return map_version == 0 || (f && f->has_ack && f->acked_map_version == map_version);
+}
+
+static void free_plan_classes(prismd_plan_class *c, size_t n)
+{
+    for (size_t i = 0; c && i < n; i++) {
+        free(c[i].name);
+        free(c[i].low_blocks);
+    }
+    free(c);
+}
+
+void prismd_plan_view_free(prismd_plan_view *v)
+{
+    if (!v)
+        return;
+    free(v->message);
+    for (size_t i = 0; i < v->nclasses_seen; i++)
+        free(v->classes_seen[i]);
+    free(v->classes_seen);
+    free(v->plan_json);
+    free_plan_classes(v->classes, v->nclasses);
+    memset(v, 0, sizeof *v);
 }

@@ -34,6 +34,7 @@ typedef struct prismd_rank_facts {
     uint64_t memory_bytes;
     double bf16_ops_per_second, fp16_ops_per_second, int8_ops_per_second, fp8_ops_per_second;
     double h2d_bytes_per_second;
+    double quantize_fixed_seconds, quantize_seconds_per_byte; /* its quantize_cost */
     bool has_step;
     uint64_t last_step;           /* the highest step of its accepted reports */
     bool has_ack;
@@ -55,6 +56,35 @@ char *prismd_text_copy(const char *text);
 bool prismd_rank_lagging(const prismd_rank_facts *f, bool has_newest, uint64_t newest);
 /* acked_current_map: its last Ack names map_version, or the job has no map yet (version 0). */
 bool prismd_rank_acked_current(const prismd_rank_facts *f, uint64_t map_version);
+
+/* One device class of the plan in force, as pushed to its agents (prism.v1.ComputePlan). */
+typedef struct prismd_plan_class {
+    char *name;
+    prism_precision low_format;  /* PRISM_PRECISION_INT8 or FP8_E4M3 */
+    const char *high_format;     /* "bf16" or "fp16" (static text) */
+    uint32_t *low_blocks;        /* ascending */
+    size_t nlow;
+    double compute_seconds;      /* f_k(0) */
+} prismd_plan_class;
+
+/* What GET /v1/jobs/{job}/plan and /metrics show (a snapshot's copy; strings owned). */
+typedef struct prismd_plan_view {
+    bool hybrid;
+    const char *status;          /* static text: disabled, single_class, waiting_for_statistics, planned, refused */
+    char *message;
+    char **classes_seen;         /* byte order */
+    size_t nclasses_seen;
+    uint64_t blocks_missing;     /* blocks 0..L-1 without both halves of their statistics or gradients */
+    bool has_plan;
+    uint64_t map_version, decided_step, effective_step; /* of the map the plan in force went out with */
+    uint64_t replans, kept, refused; /* since prismd started */
+    char *plan_json;             /* the plan object (hybrid_json.h), or NULL */
+    double iteration_seconds;
+    prismd_plan_class *classes;  /* of the plan in force: compute_seconds and low blocks per class */
+    size_t nclasses;
+} prismd_plan_view;
+
+void prismd_plan_view_free(prismd_plan_view *v);
 
 typedef struct prismd_snap_job {
     char id[129];
@@ -87,6 +117,7 @@ typedef struct prismd_snap_job {
     uint64_t late_switches;      /* the ranks' late_switches summed (unknown ones count 0; at most
                                   * UINT64_MAX) */
     uint64_t decisions;          /* decisions made for the job since prismd started */
+    prismd_plan_view plan;       /* hybrid-device plans (GET .../plan, /metrics) */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */
 } prismd_snap_job;
@@ -101,6 +132,7 @@ typedef struct prismd_snapshot {
     uint64_t reports_step_out_of_range, calibrations_accepted, calibrations_malformed, calibrations_foreign;
     uint64_t unimplemented_calls;
     uint64_t agents_replaced, jobs_deleted, jobs_expired;        /* auth.h, jobs.c */
+    uint64_t tensor_stats_accepted, tensor_stats_refused;       /* BlockTensorStats entries (hybrid plans) */
     uint64_t tokens_loads_ok, tokens_loads_failed, tokens_provisioned;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */
     uint64_t decision_count;

@@ -14,7 +14,8 @@
  *   known). "PRS1" blobs (written before decided_unix) are read too: the same less
  *   decided_unix, which comes back not known. A prismd older than PRS2 refuses a PRS2 blob as
  *   damaged: going back to one needs a store it wrote.
- * Schema 2 added job_state.summary and the scores; a schema 1 store is migrated when opened. */
+ * Schema 2 added job_state.summary and the scores; schema 3 the table job_plan (hybrid-device
+ * plans, issue 15). Older stores are migrated when opened, one version at a time. */
 #define _POSIX_C_SOURCE 200809L
 #include "store.h"
 
@@ -26,7 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SCHEMA_VERSION "2"
+#define SCHEMA_VERSION "3"
 
 const double prismd_store_write_buckets[PRISMD_STORE_WRITE_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                                       0.05,   0.1,   0.25,   0.5,   1,    2.5};
@@ -77,6 +78,9 @@ static const char *const schema =
     " relative_error REAL NOT NULL, PRIMARY KEY(fingerprint, format, block_id));"
     "CREATE TABLE IF NOT EXISTS job_activity(job_id TEXT PRIMARY KEY, last_active_ms INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS calibration_owner(fingerprint BLOB PRIMARY KEY, job_id TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS job_plan(job_id TEXT PRIMARY KEY REFERENCES jobs(id), map_version INTEGER NOT NULL,"
+    " decided_step INTEGER NOT NULL, effective_step INTEGER NOT NULL, status TEXT NOT NULL, message TEXT NOT NULL,"
+    " plan TEXT);"
     "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', '" SCHEMA_VERSION "');";
 
 static prism_status db_error(prismd_store *s, prism_error *err, const char *what)
@@ -108,25 +112,34 @@ static void schema_version(prismd_store *s, char *out, size_t len)
 }
 
 /* Brings a store of schema 1 to schema 2 in one transaction (job_state gains its summary
- * column; saved blocks keep their PRB1 blobs, read as before); refuses any other version. */
+ * column; saved blocks keep their PRB1 blobs, read as before), then schema 2 to 3 (job_plan, made
+ * by the schema text already: only the version moves); refuses any other version. */
 static prism_status migrate(prismd_store *s, const char *path, prism_error *err)
 {
     char version[32];
     schema_version(s, version, sizeof version);
     if (strcmp(version, "1") == 0) {
         prism_status rc = exec(s, "BEGIN IMMEDIATE; ALTER TABLE job_state ADD COLUMN summary BLOB;"
-                                  " UPDATE meta SET value = '" SCHEMA_VERSION "' WHERE key = 'schema_version';"
+                                  " UPDATE meta SET value = '2' WHERE key = 'schema_version';"
                                   " COMMIT;", err);
         if (rc) {
             if (!sqlite3_get_autocommit(s->db))
                 exec(s, "ROLLBACK", NULL);
-            prism_error_prefix(err, "%s: migrating schema 1 to %s", path, SCHEMA_VERSION);
+            prism_error_prefix(err, "%s: migrating schema 1 to 2", path);
+            return rc;
+        }
+        schema_version(s, version, sizeof version);
+    }
+    if (strcmp(version, "2") == 0) {
+        prism_status rc = exec(s, "UPDATE meta SET value = '3' WHERE key = 'schema_version'", err);
+        if (rc) {
+            prism_error_prefix(err, "%s: migrating schema 2 to 3", path);
             return rc;
         }
         schema_version(s, version, sizeof version);
     }
     if (strcmp(version, SCHEMA_VERSION) != 0)
-        return prism_error_set(err, PRISM_ERR_INVALID, "store: %s has schema version %s; this prismd reads 1 and %s",
+        return prism_error_set(err, PRISM_ERR_INVALID, "store: %s has schema version %s; this prismd reads 1 to %s",
                                path, version, SCHEMA_VERSION);
     return PRISM_OK;
 }
@@ -449,7 +462,7 @@ damaged:
 prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
                                      size_t change_count, const prism_summary *summary, double decided_unix,
-                                     prism_error *err)
+                                     const prismd_plan_row *plan, prism_error *err)
 {
     blob b = {0}, sb = {0};
     if (!encode_blocks(p, &b) || (summary && !encode_summary(summary, decided_unix, &sb))) {
@@ -496,6 +509,29 @@ prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const 
         sqlite3_bind_int64(w, 7, (sqlite3_int64)progress.map_version);
         if (sqlite3_step(w) != SQLITE_DONE)
             rc = db_error(s, err, "save switch");
+    }
+    if (!rc && plan) {
+        sqlite3_stmt *w = NULL;
+        if (sqlite3_prepare_v2(s->db,
+                               "INSERT OR REPLACE INTO job_plan(job_id, map_version, decided_step, effective_step,"
+                               " status, message, plan) VALUES(?,?,?,?,?,?,?)",
+                               -1, &w, NULL) != SQLITE_OK) {
+            rc = db_error(s, err, "save plan");
+        } else {
+            sqlite3_bind_text(w, 1, job_id, -1, SQLITE_TRANSIENT);
+            sqlite3_bind_int64(w, 2, (sqlite3_int64)plan->map_version);
+            sqlite3_bind_int64(w, 3, (sqlite3_int64)plan->decided_step);
+            sqlite3_bind_int64(w, 4, (sqlite3_int64)plan->effective_step);
+            sqlite3_bind_text(w, 5, plan->status, -1, SQLITE_STATIC);
+            sqlite3_bind_text(w, 6, plan->message ? plan->message : "", -1, SQLITE_STATIC);
+            if (plan->plan_json)
+                sqlite3_bind_text(w, 7, plan->plan_json, -1, SQLITE_STATIC);
+            else
+                sqlite3_bind_null(w, 7);
+            if (sqlite3_step(w) != SQLITE_DONE)
+                rc = db_error(s, err, "save plan");
+        }
+        sqlite3_finalize(w);
     }
     if (rc) {
         prism_error keep = *err;
@@ -608,8 +644,10 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
     sqlite3_stmt *st = NULL;
     if (sqlite3_prepare_v2(s->db,
                            "SELECT j.id, j.token, j.world_size, j.config, s.map_version, s.decided_step,"
-                           " s.effective_step, s.steps_collected, s.has_last_step, s.last_step, s.blocks, s.summary"
-                           " FROM jobs j LEFT JOIN job_state s ON s.job_id = j.id ORDER BY j.id",
+                           " s.effective_step, s.steps_collected, s.has_last_step, s.last_step, s.blocks, s.summary,"
+                           " p.map_version, p.decided_step, p.effective_step, p.status, p.message, p.plan"
+                           " FROM jobs j LEFT JOIN job_state s ON s.job_id = j.id"
+                           " LEFT JOIN job_plan p ON p.job_id = j.id ORDER BY j.id",
                            -1, &st, NULL) != SQLITE_OK)
         return db_error(s, err, "load jobs");
     prism_status rc = PRISM_OK;
@@ -643,6 +681,17 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
             .policy = policy,
             .decided_unix = NAN,
         };
+        if (sqlite3_column_type(st, 15) != SQLITE_NULL) {
+            job.has_plan_row = true;
+            job.plan = (prismd_plan_row){
+                .map_version = (uint64_t)sqlite3_column_int64(st, 12),
+                .decided_step = (uint64_t)sqlite3_column_int64(st, 13),
+                .effective_step = (uint64_t)sqlite3_column_int64(st, 14),
+                .status = (const char *)sqlite3_column_text(st, 15),
+                .message = (const char *)sqlite3_column_text(st, 16),
+                .plan_json = (const char *)sqlite3_column_text(st, 17),
+            };
+        }
         if (sqlite3_column_type(st, 4) != SQLITE_NULL) {
             prism_policy_progress progress = {
                 .map_version = (uint64_t)sqlite3_column_int64(st, 4),
@@ -689,7 +738,8 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
 
 prism_status prismd_store_delete_job(prismd_store *s, const char *job_id, prism_error *err)
 {
-    static const char *const sql[] = {"DELETE FROM switches WHERE job_id = ?", "DELETE FROM job_state WHERE job_id = ?",
+    static const char *const sql[] = {"DELETE FROM switches WHERE job_id = ?", "DELETE FROM job_plan WHERE job_id = ?",
+                                      "DELETE FROM job_state WHERE job_id = ?",
                                       "DELETE FROM job_activity WHERE job_id = ?",
                                       "DELETE FROM calibration_owner WHERE job_id = ?", "DELETE FROM jobs WHERE id = ?"};
     struct timespec t0 = write_start();

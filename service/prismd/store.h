@@ -38,14 +38,23 @@ void prismd_store_close(prismd_store *s);
 prism_status prismd_store_save_job(prismd_store *s, const char *job_id, const char *token, uint32_t world_size,
                                    const prism_config *cfg, prism_error *err);
 
+/* A job's hybrid-device plan as the store keeps it (table job_plan): the map the plan in force
+ * went out with, the status of the last attempt ("planned", "refused", "none") and its message,
+ * and the plan object (hybrid_json.h; NULL: no plan in force). */
+typedef struct prismd_plan_row {
+    uint64_t map_version, decided_step, effective_step;
+    const char *status, *message, *plan_json;
+} prismd_plan_row;
+
 /* The job's whole state and the changes that led to it, in one transaction: every block's view
  * (the scores of the last decision included) and summary, the telemetry summary of the job's
  * last decision (NULL: none yet) and that decision's wall-clock time (Unix seconds; NaN: not
- * known; kept only with a summary), so that a restart serves the values served before it. */
+ * known; kept only with a summary), so that a restart serves the values served before it; and,
+ * when plan is not NULL, the job's hybrid plan row (replacing the one kept). */
 prism_status prismd_store_save_state(prismd_store *s, const char *job_id, const prism_policy *p,
                                      uint64_t decided_step, uint64_t effective_step, const prism_change *changes,
                                      size_t change_count, const prism_summary *summary, double decided_unix,
-                                     prism_error *err);
+                                     const prismd_plan_row *plan, prism_error *err);
 
 /* Calibration errors by model fingerprint (DESIGN 4.5), written by job_id: the first job to
  * write a fingerprint's errors owns that entry (until the job is deleted), in the same
@@ -85,6 +94,8 @@ typedef struct prismd_saved_job {
     bool has_summary;      /* the telemetry summary of the job's last decision was saved */
     prism_summary summary;
     double decided_unix;   /* with a summary: its decision's wall-clock time, Unix seconds; NaN: not known */
+    bool has_plan_row;     /* the job_plan row: valid during the callback only */
+    prismd_plan_row plan;
 } prismd_saved_job;
 
 /* Restores every saved job, calling fn for each; fn owns job->policy whatever it returns, and

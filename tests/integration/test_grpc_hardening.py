@@ -453,7 +453,7 @@ class RestartTest(Base):
 
     def test_a_schema_1_store_is_migrated(self):
         """A data dir written by a prismd of schema 1 (no summary column, PRB1 blocks) opens,
-        its job comes back, and the store says schema 2."""
+        its job comes back, and the store says schema 3 (migrated through 2)."""
         import sqlite3
         self.prismd.stop()
         d = tempfile.mkdtemp(prefix="prism-grpc-test-")
@@ -483,7 +483,7 @@ class RestartTest(Base):
                          [(4, "int8", None, 6)])
         db = sqlite3.connect(os.path.join(d, "data", "prism.db"))
         try:
-            self.assertEqual(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone(), ("2",))
+            self.assertEqual(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone(), ("3",))
             self.assertIn("summary", [r[1] for r in db.execute("PRAGMA table_info(job_state)")])
         finally:
             db.close()

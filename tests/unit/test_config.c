@@ -115,6 +115,9 @@ static void test_key_table_lists_design_keys_in_order(void)
         "min_steps_between_switches", "force_bf16_blocks", "force_int8_blocks", "log_decisions",
         "telemetry_enabled", "telemetry_file", "low_precision", "apply_lag_steps", "step_timeout_ms",
         "world_size",
+        /* issue 15: hybrid devices (prismd's per-class plans) */
+        "hybrid", "hybrid_low_format", "hybrid_gamma", "hybrid_memory_fraction", "hybrid_fixed_classes",
+        "hybrid_link_bytes_per_second", "hybrid_link_latency_seconds",
     };
     size_t n = 0;
     const prism_config_key *keys = prism_config_keys(&n);

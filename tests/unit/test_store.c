@@ -57,7 +57,7 @@ static void run_steps(prism_policy *p, uint64_t from, uint64_t to, prism_buf *ou
             CU_ASSERT_FATAL(prism_telemetry_append(out, p, &r.summary, 1.0, NULL) == PRISM_OK);
         if (store && (r.decided || r.map_changed))
             CU_ASSERT_FATAL(prismd_store_save_state(store, "job-1", p, r.decided_step, r.effective_step, r.changes,
-                                                    r.change_count, NULL, NAN, &err) == PRISM_OK);
+                                                    r.change_count, NULL, NAN, NULL, &err) == PRISM_OK);
     }
 }
 
@@ -195,7 +195,7 @@ static void save_one_decision(prismd_store *store, prism_config *cfg)
     prism_step_result r;
     CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(r.change_count, 1);
-    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, NULL, NAN, &err),
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, NULL, NAN, NULL, &err),
                           PRISM_OK);
     prism_policy_destroy(p);
 }
@@ -294,7 +294,7 @@ static void test_a_store_of_another_schema_version_is_refused(void)
     prismd_store_close(store);
     exec_sql(dir, "UPDATE meta SET value = '99' WHERE key = 'schema_version'");
     CU_ASSERT_PTR_NULL(prismd_store_open(dir, &err));
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "has schema version 99; this prismd reads 1 and 2"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "has schema version 99; this prismd reads 1 to 3"));
 }
 
 static void test_unopenable_store_names_the_file(void)
@@ -377,7 +377,7 @@ static void test_scores_and_summary_come_back_exactly(void)
     CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_TRUE_FATAL(r.decided);
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, &r.summary,
-                                                  1764150000.125, &err), PRISM_OK);
+                                                  1764150000.125, NULL, &err), PRISM_OK);
     prismd_store_close(store);
     store = prismd_store_open(dir, &err);
     CU_ASSERT_FATAL(store != NULL);

@@ -1,0 +1,737 @@
+/* Hybrid-device compute plans of one job (plans.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "plans.h"
+
+#include "hybrid.h"
+#include "hybrid_json.h"
+#include "idmap.h"
+#include "log.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct plan_block {
+    uint32_t id;
+    double flops, param_bytes, activation_bytes, state_bytes; /* 0 until a layout gives them */
+    bool has_x;
+    uint64_t x_step;
+    uint32_t x_rank;
+    double x_l2, x_max_abs, x_numel, y_numel;
+    bool has_w;
+    uint64_t w_step;
+    uint32_t w_rank;
+    double w_l2, w_max_abs, w_numel;
+    bool has_g;
+    double g_l2, g_max_abs;
+} plan_block;
+
+/* The most (class, block) pairs one plan may have. */
+#define PRISMD_PLAN_MAX_PAIRS (1 << 24)
+
+/* One (class, block) pair of the raise order. */
+typedef struct rank_pair {
+    uint32_t cls, block;
+    double delta;
+} rank_pair;
+
+struct prismd_plans {
+    prism_idmap ix; /* block id -> index in blocks */
+    plan_block *blocks;
+    size_t nblocks, cap;
+    /* the plan in force */
+    bool has_plan;
+    char *plan_json;
+    double iteration_seconds;
+    prismd_plan_class *classes;
+    size_t nclasses;
+    uint64_t map_version, decided_step, effective_step;
+    /* the last attempt: refused (with its message) or not, and what it planned from */
+    bool refused;
+    char message[512];
+    bool has_attempt;
+    char **attempt_names;
+    size_t nattempt_names;
+    rank_pair *attempt_ranking;
+    size_t nattempt_ranking;
+    double *attempt_inputs;
+    size_t nattempt_inputs;
+    uint64_t replans, kept, refusals;
+};
+
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+static void free_classes(prismd_plan_class *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(c[i].name);
+        free(c[i].low_blocks);
+    }
+    free(c);
+}
+
+prismd_plans *prismd_plans_create(void)
+{
+    prismd_plans *p = calloc(1, sizeof *p);
+    if (p)
+        prism_idmap_init(&p->ix);
+    return p;
+}
+
+static void drop_attempt(prismd_plans *p)
+{
+    free_names(p->attempt_names, p->nattempt_names);
+    free(p->attempt_ranking);
+    free(p->attempt_inputs);
+    p->attempt_names = NULL;
+    p->attempt_ranking = NULL;
+    p->attempt_inputs = NULL;
+    p->nattempt_names = p->nattempt_ranking = p->nattempt_inputs = 0;
+    p->has_attempt = false;
+}
+
+static void drop_plan(prismd_plans *p)
+{
+    free(p->plan_json);
+    free_classes(p->classes, p->nclasses);
+    p->plan_json = NULL;
+    p->classes = NULL;
+    p->nclasses = 0;
+    p->has_plan = false;
+    p->iteration_seconds = 0;
+    p->map_version = p->decided_step = p->effective_step = 0;
+}
+
+void prismd_plans_destroy(prismd_plans *p)
+{
+    if (!p)
+        return;
+    drop_attempt(p);
+    drop_plan(p);
+    prism_idmap_free(&p->ix);
+    free(p->blocks);
+    free(p);
+}
+
+/* The block's entry, added when new; NULL when memory runs out. */
+static plan_block *block_of(prismd_plans *p, uint32_t id)
+{
+    uint32_t ix = prism_idmap_get(&p->ix, id);
+    if (ix != PRISM_IDMAP_NONE)
+        return &p->blocks[ix];
+    if (p->nblocks == p->cap) {
+        size_t ncap = p->cap ? p->cap * 2 : 64;
+        plan_block *nb = realloc(p->blocks, ncap * sizeof *nb);
+        if (!nb)
+            return NULL;
+        p->blocks = nb;
+        p->cap = ncap;
+    }
+    if (prism_idmap_put(&p->ix, id, (uint32_t)p->nblocks))
+        return NULL;
+    plan_block *b = &p->blocks[p->nblocks++];
+    memset(b, 0, sizeof *b);
+    b->id = id;
+    return b;
+}
+
+bool prismd_plans_layout(prismd_plans *p, uint32_t id, double param_bytes, double flops, double activation_bytes,
+                         double state_bytes)
+{
+    plan_block *b = block_of(p, id);
+    if (!b)
+        return false;
+    b->param_bytes = param_bytes;
+    b->flops = flops;
+    b->activation_bytes = activation_bytes;
+    b->state_bytes = state_bytes;
+    return true;
+}
+
+/* A half of step from rank replaces one of (has, step0, rank0): a later step, or the same step
+ * from a lower rank. */
+static bool newer(bool has, uint64_t step0, uint32_t rank0, uint64_t step, uint32_t rank)
+{
+    return !has || step > step0 || (step == step0 && rank < rank0);
+}
+
+bool prismd_plans_tensor_stats(prismd_plans *p, uint32_t rank, uint64_t step, uint32_t id, double x_l2,
+                               double x_max_abs, double x_numel, double w_l2, double w_max_abs, double w_numel,
+                               double y_numel)
+{
+    if (x_numel < 1 && w_numel < 1)
+        return true;
+    plan_block *b = block_of(p, id);
+    if (!b)
+        return false;
+    if (x_numel >= 1 && newer(b->has_x, b->x_step, b->x_rank, step, rank)) {
+        b->has_x = true;
+        b->x_step = step;
+        b->x_rank = rank;
+        b->x_l2 = x_l2;
+        b->x_max_abs = x_max_abs;
+        b->x_numel = x_numel;
+        b->y_numel = y_numel;
+    }
+    if (w_numel >= 1 && newer(b->has_w, b->w_step, b->w_rank, step, rank)) {
+        b->has_w = true;
+        b->w_step = step;
+        b->w_rank = rank;
+        b->w_l2 = w_l2;
+        b->w_max_abs = w_max_abs;
+        b->w_numel = w_numel;
+    }
+    return true;
+}
+
+bool prismd_plans_gradients(prismd_plans *p, const prism_block_stats *blocks, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        const prism_block_stats *s = &blocks[i];
+        plan_block *b = block_of(p, s->block_id);
+        if (!b)
+            return false;
+        if (isfinite(s->l2_norm) && isfinite(s->max_abs) && s->l2_norm >= 0 && s->max_abs >= 0 && !s->nonfinite) {
+            b->has_g = true;
+            b->g_l2 = s->l2_norm;
+            b->g_max_abs = s->max_abs;
+        }
+    }
+    return true;
+}
+
+static bool complete(const plan_block *b)
+{
+    return b->has_x && b->has_w && b->has_g;
+}
+
+/* L = the largest id known + 1, and how many of blocks 0..L-1 lack a half of their statistics
+ * or their gradients (ids never seen count as lacking all). */
+static uint64_t missing_blocks(const prismd_plans *p, size_t *L)
+{
+    uint64_t max = 0, done = 0;
+    for (size_t i = 0; i < p->nblocks; i++) {
+        if (p->blocks[i].id > max)
+            max = p->blocks[i].id;
+        done += complete(&p->blocks[i]);
+    }
+    *L = p->nblocks ? (size_t)max + 1 : 0;
+    return p->nblocks ? max + 1 - done : 0;
+}
+
+/* The job's device classes: names in byte order, each with the profile of its lowest rank. */
+typedef struct class_list {
+    size_t n;
+    const prismd_rank_facts **first; /* [n] the lowest rank of each class */
+} class_list;
+
+static int compare_first(const void *a, const void *b)
+{
+    const prismd_rank_facts *x = *(const prismd_rank_facts *const *)a, *y = *(const prismd_rank_facts *const *)b;
+    return strcmp(x->device_class, y->device_class);
+}
+
+static bool classes_of(const prismd_rank_facts *ranks, size_t nranks, class_list *out)
+{
+    out->n = 0;
+    out->first = malloc((nranks ? nranks : 1) * sizeof *out->first);
+    if (!out->first)
+        return false;
+    for (size_t r = 0; r < nranks; r++) {
+        if (!ranks[r].has_device || !ranks[r].device_class)
+            continue;
+        size_t k = 0;
+        while (k < out->n && strcmp(out->first[k]->device_class, ranks[r].device_class) != 0)
+            k++;
+        if (k == out->n)
+            out->first[out->n++] = &ranks[r]; /* ranks ascend: the first seen is the lowest */
+    }
+    qsort(out->first, out->n, sizeof *out->first, compare_first);
+    return true;
+}
+
+static int compare_pairs(const void *a, const void *b)
+{
+    const rank_pair *x = a, *y = b;
+    if (x->delta != y->delta)
+        return x->delta > y->delta ? -1 : 1;
+    if (x->cls != y->cls)
+        return x->cls < y->cls ? -1 : 1; /* classes are in name order */
+    return (x->block > y->block) - (x->block < y->block);
+}
+
+static const char *high_name(prism_hybrid_format f)
+{
+    return f == PRISM_HYBRID_FP16 ? "fp16" : "bf16";
+}
+
+static prism_precision wire_low(prism_hybrid_format f)
+{
+    return f == PRISM_HYBRID_FP8_E4M3 ? PRISM_PRECISION_FP8_E4M3 : PRISM_PRECISION_INT8;
+}
+
+static void set_refused(prismd_plans *p, const char *job_id, const char *message)
+{
+    p->refused = true;
+    snprintf(p->message, sizeof p->message, "%s", message);
+    p->refusals++;
+    prism_log(PRISM_LOG_WARN, "hybrid plan refused; the plan in force stays", "job", job_id, "reason", message,
+              LOG_END);
+}
+
+/* Whether the per-class low sets of classes differ from the plan in force's. */
+static bool low_sets_differ(const prismd_plans *p, const prismd_plan_class *c, size_t n)
+{
+    if (!p->has_plan || p->nclasses != n)
+        return true;
+    for (size_t k = 0; k < n; k++) {
+        if (strcmp(p->classes[k].name, c[k].name) != 0 || p->classes[k].nlow != c[k].nlow ||
+            p->classes[k].low_format != c[k].low_format ||
+            (c[k].nlow && memcmp(p->classes[k].low_blocks, c[k].low_blocks, c[k].nlow * sizeof *c[k].low_blocks)))
+            return true;
+    }
+    return false;
+}
+
+/* The inputs of a plan other than the statistics (which enter through the ranking): profiles,
+ * link, config and the blocks' cost figures, as doubles to compare exactly. */
+static double *inputs_of(const prism_hybrid_problem *pr, size_t *n)
+{
+    size_t L = pr->block_count, C = pr->class_count;
+    *n = C * 8 + 6 + L * 5;
+    double *v = malloc(*n * sizeof *v);
+    if (!v)
+        return NULL;
+    size_t at = 0;
+    for (size_t k = 0; k < C; k++) {
+        const prism_hybrid_class *c = &pr->classes[k];
+        double f[] = {c->memory_bytes, c->bf16_ops, c->fp16_ops, c->int8_ops, c->fp8_ops, c->quantize_fixed_seconds,
+                      c->quantize_seconds_per_byte, c->fixed ? 1.0 : 0.0};
+        memcpy(v + at, f, sizeof f);
+        at += 8;
+    }
+    double g[] = {pr->link_bytes_per_second, pr->link_latency_seconds, pr->fixed_given ? 1.0 : 0.0,
+                  pr->memory_fraction, pr->gamma, (double)pr->low_format};
+    memcpy(v + at, g, sizeof g);
+    at += 6;
+    for (size_t i = 0; i < L; i++) {
+        const prism_hybrid_block *b = &pr->blocks[i];
+        double f[] = {b->flops, b->param_bytes, b->activation_bytes, b->state_bytes, pr->force_high[i] ? 1.0 : 0.0};
+        memcpy(v + at, f, sizeof f);
+        at += 5;
+    }
+    return v;
+}
+
+prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, const prism_config *cfg,
+                                        const prismd_rank_facts *ranks, size_t nranks, bool *low_sets_changed)
+{
+    *low_sets_changed = false;
+    if (!cfg->hybrid) {
+        drop_attempt(p);
+        p->refused = false;
+        if (!p->has_plan)
+            return PRISMD_PLAN_NONE;
+        drop_plan(p);
+        *low_sets_changed = true;
+        return PRISMD_PLAN_WITHDRAWN;
+    }
+    class_list cl;
+    if (!classes_of(ranks, nranks, &cl))
+        return PRISMD_PLAN_NONE;
+    size_t L = 0;
+    uint64_t missing = missing_blocks(p, &L);
+    if (cl.n < 2 || missing > 0 || L == 0) {
+        free(cl.first);
+        return PRISMD_PLAN_NONE;
+    }
+    size_t C = cl.n;
+    if (C > PRISMD_PLAN_MAX_PAIRS / L) {
+        /* The model's arrays hold a format per (class, block): bounded here, not by the wire. */
+        char why[160];
+        snprintf(why, sizeof why, "%zu device classes x %zu blocks: more than %d (class, block) pairs to plan", C, L,
+                 PRISMD_PLAN_MAX_PAIRS);
+        free(cl.first);
+        bool again = p->refused && strcmp(p->message, why) == 0;
+        if (again) {
+            p->kept++;
+            return PRISMD_PLAN_KEPT;
+        }
+        drop_attempt(p);
+        set_refused(p, job_id, why);
+        return PRISMD_PLAN_REFUSED;
+    }
+    prismd_plan_outcome outcome = PRISMD_PLAN_NONE;
+    prism_hybrid_block *blocks = calloc(L, sizeof *blocks);
+    prism_hybrid_class *classes = calloc(C, sizeof *classes);
+    bool *force = calloc(L, sizeof *force);
+    prism_hybrid_class_formats *fm = calloc(C, sizeof *fm);
+    rank_pair *ranking = calloc(C * L, sizeof *ranking);
+    char **names = calloc(C, sizeof *names);
+    double *inputs = NULL;
+    size_t ninputs = 0, nranking = 0;
+    prism_hybrid_result res = {0};
+    prismd_plan_class *out = NULL;
+    char *json = NULL;
+    prism_error err = {0};
+    if (!blocks || !classes || !force || !fm || !ranking || !names)
+        goto done;
+    for (size_t i = 0; i < p->nblocks; i++) {
+        const plan_block *b = &p->blocks[i];
+        prism_hybrid_block *h = &blocks[b->id]; /* ids are 0..L-1: none is missing */
+        h->flops = b->flops;
+        h->param_bytes = b->param_bytes;
+        h->activation_bytes = b->activation_bytes;
+        h->state_bytes = b->state_bytes;
+        h->stats = (prism_hybrid_stats){b->x_l2, b->x_max_abs, b->x_numel, b->w_l2, b->w_max_abs, b->w_numel,
+                                        b->g_l2, b->g_max_abs, b->y_numel};
+    }
+    for (size_t k = 0; k < C; k++) {
+        const prismd_rank_facts *f = cl.first[k];
+        classes[k] = (prism_hybrid_class){.name = f->device_class, .memory_bytes = (double)f->memory_bytes,
+                                          .bf16_ops = f->bf16_ops_per_second, .fp16_ops = f->fp16_ops_per_second,
+                                          .int8_ops = f->int8_ops_per_second, .fp8_ops = f->fp8_ops_per_second,
+                                          .quantize_fixed_seconds = f->quantize_fixed_seconds,
+                                          .quantize_seconds_per_byte = f->quantize_seconds_per_byte};
+        if (!(names[k] = strdup(f->device_class)))
+            goto done;
+    }
+    for (size_t i = 0; i < cfg->force_bf16_blocks.count; i++)
+        if (cfg->force_bf16_blocks.ids[i] < L)
+            force[cfg->force_bf16_blocks.ids[i]] = true;
+    prism_hybrid_problem pr;
+    prism_hybrid_problem_defaults(&pr);
+    pr.blocks = blocks;
+    pr.block_count = L;
+    pr.classes = classes;
+    pr.class_count = C;
+    pr.link_bytes_per_second = cfg->hybrid_link_bytes_per_second;
+    pr.link_latency_seconds = cfg->hybrid_link_latency_seconds;
+    pr.memory_fraction = cfg->hybrid_memory_fraction;
+    pr.gamma = cfg->hybrid_gamma;
+    pr.low_format = cfg->hybrid_low_format;
+    pr.force_high = force;
+    char problem[512] = "";
+    if (cfg->hybrid_fixed_classes.given) {
+        pr.fixed_given = true;
+        for (size_t n = 0; n < cfg->hybrid_fixed_classes.count && !problem[0]; n++) {
+            const char *want = cfg->hybrid_fixed_classes.names[n];
+            size_t k = 0;
+            while (k < C && strcmp(classes[k].name, want) != 0)
+                k++;
+            if (k == C)
+                snprintf(problem, sizeof problem, "hybrid_fixed_classes[%zu]: no rank reports device class \"%.200s\"",
+                         n, want);
+            else
+                classes[k].fixed = true;
+        }
+    }
+    if (!problem[0] && prism_hybrid_resolve(&pr, fm, &err))
+        snprintf(problem, sizeof problem, "%.400s (classes in name order)", err.message);
+    if (!(inputs = inputs_of(&pr, &ninputs)))
+        goto done;
+    if (!problem[0]) {
+        /* The raise order of the model: pairs low at the start, by decreasing delta, class name, block id. */
+        for (size_t k = 0; k < C; k++)
+            for (size_t i = 0; i < L && !fm[k].fixed; i++)
+                if (!force[i])
+                    ranking[nranking++] = (rank_pair){
+                        (uint32_t)k, (uint32_t)i,
+                        prism_hybrid_omega(&blocks[i].stats, i, L, pr.gamma, fm[k].low, fm[k].high) -
+                            prism_hybrid_omega(&blocks[i].stats, i, L, pr.gamma, fm[k].high, fm[k].high)};
+        qsort(ranking, nranking, sizeof *ranking, compare_pairs);
+    }
+    /* The same classes, ranking and inputs as the last attempt: its outcome stands. */
+    bool same = p->has_attempt && p->nattempt_names == C && p->nattempt_ranking == nranking &&
+                p->nattempt_inputs == ninputs && !memcmp(p->attempt_inputs, inputs, ninputs * sizeof *inputs);
+    for (size_t k = 0; same && k < C; k++)
+        same = strcmp(p->attempt_names[k], names[k]) == 0;
+    for (size_t r = 0; same && r < nranking; r++)
+        same = p->attempt_ranking[r].cls == ranking[r].cls && p->attempt_ranking[r].block == ranking[r].block;
+    if (same) {
+        p->kept++;
+        outcome = PRISMD_PLAN_KEPT;
+        goto done;
+    }
+    drop_attempt(p);
+    p->has_attempt = true;
+    p->attempt_names = names;
+    p->nattempt_names = C;
+    names = NULL;
+    p->attempt_ranking = ranking;
+    p->nattempt_ranking = nranking;
+    ranking = NULL;
+    p->attempt_inputs = inputs;
+    p->nattempt_inputs = ninputs;
+    inputs = NULL;
+    if (problem[0]) {
+        set_refused(p, job_id, problem);
+        outcome = PRISMD_PLAN_REFUSED;
+        goto done;
+    }
+    prism_status st = prism_hybrid_plan(&pr, &res, &err);
+    if (st == PRISM_ERR_LIMIT) {
+        prism_buf m = {0}, bud = {0};
+        if (!prism_buf_append_double(&m, res.refused_bytes) && !prism_buf_append(&m, "", 1) &&
+            !prism_buf_append_double(&bud, res.refused_budget) && !prism_buf_append(&bud, "", 1))
+            snprintf(problem, sizeof problem, "class \"%.200s\" does not fit: its start needs %s bytes, its budget is %s bytes",
+                     classes[res.refused_class].name, m.data, bud.data);
+        else
+            snprintf(problem, sizeof problem, "a class does not fit its memory");
+        prism_buf_free(&m);
+        prism_buf_free(&bud);
+        set_refused(p, job_id, problem);
+        outcome = PRISMD_PLAN_REFUSED;
+        goto done;
+    }
+    if (st) {
+        set_refused(p, job_id, err.message);
+        outcome = PRISMD_PLAN_REFUSED;
+        goto done;
+    }
+    prism_buf text = {0};
+    if (prism_hybrid_json_write(&text, &pr, &res, NULL) || prism_buf_append(&text, "", 1)) {
+        prism_buf_free(&text);
+        drop_attempt(p); /* out of memory: try again at the next decision */
+        goto done;
+    }
+    json = text.data;
+    out = calloc(C, sizeof *out);
+    if (!out) {
+        drop_attempt(p);
+        goto done;
+    }
+    for (size_t k = 0; k < C; k++) {
+        out[k].name = strdup(classes[k].name);
+        out[k].low_format = wire_low(res.formats[k].low);
+        out[k].high_format = high_name(res.formats[k].high);
+        out[k].compute_seconds = res.compute_seconds[k];
+        out[k].low_blocks = malloc(L * sizeof *out[k].low_blocks);
+        if (!out[k].name || !out[k].low_blocks) {
+            free_classes(out, C);
+            out = NULL;
+            drop_attempt(p);
+            goto done;
+        }
+        for (size_t i = 0; i < L; i++)
+            if (res.plan[k * L + i] != res.formats[k].high)
+                out[k].low_blocks[out[k].nlow++] = (uint32_t)i;
+    }
+    *low_sets_changed = low_sets_differ(p, out, C);
+    uint64_t mv = p->map_version, ds = p->decided_step, es = p->effective_step;
+    drop_plan(p);
+    p->has_plan = true;
+    p->plan_json = json;
+    json = NULL;
+    p->classes = out;
+    p->nclasses = C;
+    out = NULL;
+    p->iteration_seconds = res.iteration_seconds;
+    p->map_version = mv; /* until the caller names a new map */
+    p->decided_step = ds;
+    p->effective_step = es;
+    p->refused = false;
+    p->message[0] = '\0';
+    p->replans++;
+    outcome = PRISMD_PLAN_PLANNED;
+done:
+    prism_hybrid_result_free(&res);
+    free(json);
+    free(blocks);
+    free(classes);
+    free(force);
+    free(fm);
+    free(ranking);
+    free(inputs);
+    free_names(names, names ? C : 0);
+    free(cl.first);
+    return outcome;
+}
+
+void prismd_plans_set_map(prismd_plans *p, uint64_t map_version, uint64_t decided_step, uint64_t effective_step)
+{
+    p->map_version = map_version;
+    p->decided_step = decided_step;
+    p->effective_step = effective_step;
+}
+
+const prismd_plan_class *prismd_plans_class(const prismd_plans *p, const char *device_class)
+{
+    for (size_t k = 0; p->has_plan && device_class && k < p->nclasses; k++)
+        if (strcmp(p->classes[k].name, device_class) == 0)
+            return &p->classes[k];
+    return NULL;
+}
+
+double prismd_plans_iteration_seconds(const prismd_plans *p)
+{
+    return p->iteration_seconds;
+}
+
+size_t prismd_plans_class_count(const prismd_plans *p)
+{
+    return p->has_plan ? p->nclasses : 0;
+}
+
+const prismd_plan_class *prismd_plans_class_at(const prismd_plans *p, size_t i)
+{
+    return &p->classes[i];
+}
+
+void prismd_plans_row(const prismd_plans *p, prismd_plan_row *out)
+{
+    out->map_version = p->map_version;
+    out->decided_step = p->decided_step;
+    out->effective_step = p->effective_step;
+    out->status = p->refused ? "refused" : p->has_plan ? "planned" : "none";
+    out->message = p->message;
+    out->plan_json = p->has_plan ? p->plan_json : NULL;
+}
+
+/* The classes of a stored plan object: name, formats, plan (a precision per block id) and
+ * compute_seconds of each. */
+static bool read_plan(const json_t *root, prismd_plan_class **out, size_t *n, double *iteration, prism_error *err)
+{
+    json_t *classes = json_object_get(root, "classes");
+    json_t *t = json_object_get(root, "iteration_seconds");
+    if (!json_is_array(classes) || !json_is_number(t)) {
+        prism_error_set(err, PRISM_ERR_INVALID, "the stored plan has no classes or iteration_seconds");
+        return false;
+    }
+    *iteration = json_number_value(t);
+    size_t C = json_array_size(classes);
+    prismd_plan_class *c = calloc(C ? C : 1, sizeof *c);
+    if (!c) {
+        prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        return false;
+    }
+    for (size_t k = 0; k < C; k++) {
+        json_t *e = json_array_get(classes, k);
+        json_t *name = json_object_get(e, "name"), *low = json_object_get(e, "low_format");
+        json_t *high = json_object_get(e, "high_format"), *plan = json_object_get(e, "plan");
+        json_t *cs = json_object_get(e, "compute_seconds");
+        if (!json_is_string(name) || !json_is_string(low) || !json_is_string(high) || !json_is_array(plan) ||
+            !json_is_number(cs)) {
+            free_classes(c, C);
+            prism_error_set(err, PRISM_ERR_INVALID, "the stored plan's classes[%zu] is damaged", k);
+            return false;
+        }
+        size_t L = json_array_size(plan);
+        c[k].name = strdup(json_string_value(name));
+        c[k].low_format = strcmp(json_string_value(low), "fp8_e4m3") == 0 ? PRISM_PRECISION_FP8_E4M3
+                                                                          : PRISM_PRECISION_INT8;
+        c[k].high_format = strcmp(json_string_value(high), "fp16") == 0 ? "fp16" : "bf16";
+        c[k].compute_seconds = json_number_value(cs);
+        c[k].low_blocks = malloc((L ? L : 1) * sizeof *c[k].low_blocks);
+        if (!c[k].name || !c[k].low_blocks) {
+            free_classes(c, C);
+            prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+            return false;
+        }
+        for (size_t i = 0; i < L; i++) {
+            const char *f = json_string_value(json_array_get(plan, i));
+            if (f && strcmp(f, c[k].high_format) != 0)
+                c[k].low_blocks[c[k].nlow++] = (uint32_t)i;
+        }
+    }
+    *out = c;
+    *n = C;
+    return true;
+}
+
+bool prismd_plans_restore(prismd_plans *p, const prismd_plan_row *row, prism_error *err)
+{
+    drop_plan(p);
+    p->refused = row->status && strcmp(row->status, "refused") == 0;
+    snprintf(p->message, sizeof p->message, "%s", row->message ? row->message : "");
+    if (!row->plan_json)
+        return true;
+    json_error_t jerr;
+    json_t *root = json_loads(row->plan_json, 0, &jerr);
+    if (!root) {
+        prism_error_set(err, PRISM_ERR_INVALID, "the stored plan does not parse: %s", jerr.text);
+        return false;
+    }
+    bool ok = read_plan(root, &p->classes, &p->nclasses, &p->iteration_seconds, err);
+    json_decref(root);
+    if (!ok)
+        return false;
+    if (!(p->plan_json = strdup(row->plan_json))) {
+        drop_plan(p);
+        prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        return false;
+    }
+    p->has_plan = true;
+    p->map_version = row->map_version;
+    p->decided_step = row->decided_step;
+    p->effective_step = row->effective_step;
+    return true;
+}
+
+bool prismd_plans_view(const prismd_plans *p, const prism_config *cfg, const prismd_rank_facts *ranks, size_t nranks,
+                       prismd_plan_view *out)
+{
+    memset(out, 0, sizeof *out);
+    class_list cl;
+    if (!classes_of(ranks, nranks, &cl))
+        return false;
+    size_t L = 0;
+    out->hybrid = cfg->hybrid;
+    out->blocks_missing = missing_blocks(p, &L);
+    out->classes_seen = calloc(cl.n ? cl.n : 1, sizeof *out->classes_seen);
+    bool ok = out->classes_seen != NULL;
+    for (size_t k = 0; ok && k < cl.n; k++)
+        ok = (out->classes_seen[out->nclasses_seen++] = strdup(cl.first[k]->device_class)) != NULL;
+    const char *message = "";
+    if (!cfg->hybrid) {
+        out->status = "disabled";
+        message = "the job's config has hybrid false";
+    } else if (p->refused) {
+        out->status = "refused"; /* the last attempt's: the plan in force (if any) stays */
+        message = p->message;
+    } else if (p->has_plan) {
+        out->status = "planned";
+    } else if (cl.n < 2) {
+        out->status = "single_class";
+        message = "the job's ranks report fewer than two device classes";
+    } else if (out->blocks_missing > 0 || L == 0) {
+        out->status = "waiting_for_statistics";
+        message = "blocks lack weight or activation statistics (tensor_stats) or gradient statistics at a decision";
+    } else {
+        out->status = "waiting_for_statistics";
+        message = "every block has its statistics: the next decision plans";
+    }
+    free(cl.first);
+    ok = ok && (out->message = strdup(message)) != NULL;
+    out->has_plan = p->has_plan;
+    out->map_version = p->map_version;
+    out->decided_step = p->decided_step;
+    out->effective_step = p->effective_step;
+    out->replans = p->replans;
+    out->kept = p->kept;
+    out->refused = p->refusals;
+    out->iteration_seconds = p->iteration_seconds;
+    if (ok && p->has_plan) {
+        ok = (out->plan_json = strdup(p->plan_json)) != NULL &&
+             (out->classes = calloc(p->nclasses ? p->nclasses : 1, sizeof *out->classes)) != NULL;
+        for (size_t k = 0; ok && k < p->nclasses; k++) {
+            out->nclasses = k + 1;
+            out->classes[k] = (prismd_plan_class){.name = strdup(p->classes[k].name),
+                                                  .low_format = p->classes[k].low_format,
+                                                  .high_format = p->classes[k].high_format,
+                                                  .nlow = p->classes[k].nlow,
+                                                  .compute_seconds = p->classes[k].compute_seconds};
+            ok = out->classes[k].name != NULL; /* the view needs the count of low blocks, not their ids */
+        }
+    }
+    if (!ok)
+        prismd_plan_view_free(out);
+    return ok;
+}

@@ -1,0 +1,72 @@
+/* Hybrid-device compute plans of one job (DESIGN 11, issue 15 item 3), owned by the policy
+ * thread with the job. Keeps the planner's inputs per block (the layout's cost figures, the
+ * latest weight and activation statistics of any rank, the gradient statistics of the last
+ * decision), groups the ranks by device class, and at each decision plans with
+ * prism_hybrid_plan (service/policy/hybrid.h) unless the raise ranking and the inputs are those
+ * of the last plan made. The plan in force is what every map carries to the agents of each class,
+ * what the store keeps with the map it went out with, and what GET /v1/jobs/{job}/plan shows. */
+#ifndef PRISMD_PLANS_H
+#define PRISMD_PLANS_H
+
+#include "config.h"
+#include "policy.h"
+#include "snapshot.h"
+
+typedef struct prismd_plans prismd_plans;
+
+/* The outcome of planning at one decision. */
+typedef enum prismd_plan_outcome {
+    PRISMD_PLAN_NONE = 0,   /* nothing to plan: disabled, one class, statistics missing */
+    PRISMD_PLAN_KEPT,       /* the ranking and inputs are those of the last plan made: no re-plan */
+    PRISMD_PLAN_PLANNED,    /* a new plan is in force */
+    PRISMD_PLAN_REFUSED,    /* the plan in force stays; the message says why */
+    PRISMD_PLAN_WITHDRAWN   /* hybrid turned off: the plan in force is dropped */
+} prismd_plan_outcome;
+
+prismd_plans *prismd_plans_create(void);
+void prismd_plans_destroy(prismd_plans *p);
+
+/* A layout block's cost figures (the latest Hello's win). false: out of memory. */
+bool prismd_plans_layout(prismd_plans *p, uint32_t id, double param_bytes, double flops, double activation_bytes,
+                         double state_bytes);
+
+/* One validated BlockTensorStats entry of rank's report of step: each half (x_numel >= 1: the
+ * activation half, w_numel >= 1: the weight half) replaces the block's when its step is later, or
+ * the same step from a lower rank. false: out of memory. */
+bool prismd_plans_tensor_stats(prismd_plans *p, uint32_t rank, uint64_t step, uint32_t id, double x_l2,
+                               double x_max_abs, double x_numel, double w_l2, double w_max_abs, double w_numel,
+                               double y_numel);
+
+/* The merged step of a decision: each block's l2_norm and max_abs become its gradient
+ * statistics (non-finite ones are left out: the block keeps its previous ones). */
+bool prismd_plans_gradients(prismd_plans *p, const prism_block_stats *blocks, size_t count);
+
+/* Plans at a decision with the config in force and the job's ranks (ascending). *low_sets_changed
+ * is true when the per-class low sets now in force differ from those before (the map must go
+ * out: the caller commits one and calls prismd_plans_set_map). Logs refusals. */
+prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, const prism_config *cfg,
+                                        const prismd_rank_facts *ranks, size_t nranks, bool *low_sets_changed);
+
+/* The map the plan now in force went out with. */
+void prismd_plans_set_map(prismd_plans *p, uint64_t map_version, uint64_t decided_step, uint64_t effective_step);
+
+/* The plan in force's class named device_class, or NULL (no plan, or none for that class). */
+const prismd_plan_class *prismd_plans_class(const prismd_plans *p, const char *device_class);
+/* The plan in force's predicted iteration time T. */
+double prismd_plans_iteration_seconds(const prismd_plans *p);
+size_t prismd_plans_class_count(const prismd_plans *p);
+const prismd_plan_class *prismd_plans_class_at(const prismd_plans *p, size_t i);
+
+/* The plan state as the store keeps it; valid until the next call on p. */
+void prismd_plans_row(const prismd_plans *p, prismd_plan_row *out);
+
+/* Puts a stored row back (restart): the plan in force is read from its JSON. false: the JSON is
+ * not a plan object (err says why). */
+bool prismd_plans_restore(prismd_plans *p, const prismd_plan_row *row, prism_error *err);
+
+/* Fills *out (to be freed with prismd_plan_view_free) with the state REST shows, the status
+ * judged now from cfg and ranks. false: out of memory. */
+bool prismd_plans_view(const prismd_plans *p, const prism_config *cfg, const prismd_rank_facts *ranks, size_t nranks,
+                       prismd_plan_view *out);
+
+#endif
