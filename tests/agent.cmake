@@ -17,3 +17,10 @@ if(NOT PRISM_SANITIZE AND NOT PRISM_TSAN)
   set_tests_properties(test_agents PROPERTIES ENVIRONMENT "${PRISM_AGENT_TEST_ENV}" TIMEOUT 600
     REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>")
 endif()
+# Hybrid devices end to end (issue 15): prismd, 4 agents with --profile-file (2 fast, 2 slow) and
+# 4 demo trainers with --hybrid; plain build only, like test_agents.
+if(PRISM_PYTHON_TESTS AND NOT PRISM_SANITIZE AND NOT PRISM_TSAN)
+  add_test(NAME test_hybrid_cluster COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_hybrid_cluster.py)
+  set_tests_properties(test_hybrid_cluster PROPERTIES ENVIRONMENT "${PRISM_AGENT_TEST_ENV}" TIMEOUT 600
+    REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>")
+endif()
