@@ -82,6 +82,21 @@ function assertSameColour(a, b, what) {
   assert.ok(a.every((v, k) => Math.abs(v - b[k]) <= 2), `${what}: ${a} vs ${b}`);
 }
 
+/** A predicted time as the plan view prints it (web/src/plan.ts seconds(): 4 significant
+ * digits in µs, ms or s). */
+function secondsText(x) {
+  const a = Math.abs(x);
+  if (a === 0) return '0 s';
+  if (a < 1e-3) return `${+(x * 1e6).toPrecision(4)} µs`;
+  if (a < 1) return `${+(x * 1e3).toPrecision(4)} ms`;
+  return `${+x.toPrecision(4)} s`;
+}
+
+/** Bytes of at least 1 GiB as the page prints them (web/src/format.ts bytes()). */
+function gib(x) {
+  return `${(x / 1024 ** 3).toFixed(1)} GiB`;
+}
+
 describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 }, () => {
   before(async () => {
     fs.rmSync(SHOTS, { recursive: true, force: true });
@@ -147,6 +162,122 @@ describe('the dashboard in Chromium against a fed prismd', { timeout: 1800000 },
     await page.waitForSelector('#ranks-table tr[data-rank="1"]', { timeout: WAIT });
     assert.equal(await page.locator('#ranks-table tr[data-rank]').count(), 2);
     await screenshot(page, 'ranks');
+    assert.deepEqual(await axeViolations(page), [], 'axe-core: serious or critical violations');
+    assert.deepEqual(watch.problems, []);
+    await context.close();
+  });
+
+  it('shows the hybrid plan of a two-class job in the plan view, reached from the job\'s tabs, passes axe and is photographed', { timeout: TEST_MS }, async () => {
+    const job = jobs.hybrid;
+    const token = feed.ready.tokens[job];
+    const { context, page, watch } = await newPage();
+    // Navigation: the block map, then the "plan" tab.
+    await page.goto(`${base}#/jobs/${job}`);
+    await viewReady(page, 'map', WAIT, watch);
+    await page.locator('#tabs a', { hasText: 'plan' }).click();
+    await viewReady(page, 'plan', WAIT, watch);
+    assert.equal(await page.evaluate(() => location.hash), `#/jobs/${job}/plan`);
+    assert.equal(await page.locator('#tabs a[aria-current="page"]').textContent(), 'plan');
+    // feed.py made the job ready once prismd planned; the inputs never change after that, so
+    // the answer read now is the one on screen (its plan; replans and plans_kept move on).
+    const doc = await jsonUntil(`${base}v1/jobs/${job}/plan`, (d) => d.status === 'planned');
+    const plan = doc.plan;
+    assert.deepEqual(doc.classes_seen, ['fast', 'slow']);
+    assert.deepEqual(plan.classes.map((c) => c.name), ['fast', 'slow']);
+    const text = (sel) => page.locator(sel).textContent();
+    assert.equal(await text('#plan-status'), 'Plan: planned');
+    assert.equal(await page.locator('#plan-message').isVisible(), false, 'an empty message is not shown');
+    assert.equal(await text('#plan-classes-seen .v'), 'fast, slow');
+    assert.equal(await text('#plan-map .v'), `v${doc.map_version} from step ${doc.effective_step}`);
+    assert.equal(await text('#plan-iteration .v'), secondsText(plan.iteration_seconds));
+    assert.equal(await text('#plan-uniform-low .v'), secondsText(plan.baselines.uniform_low.iteration_seconds));
+    assert.equal(await text('#plan-uniform-low .fit'), plan.baselines.uniform_low.fits ? 'fits' : 'does not fit');
+    assert.equal(await text('#plan-uniform-high .v'), secondsText(plan.baselines.uniform_high.iteration_seconds));
+    assert.equal(await text('#plan-uniform-high .fit'), plan.baselines.uniform_high.fits ? 'fits' : 'does not fit');
+    assert.equal(await text('#plan-indicator .k'), 'Σω');
+    assert.equal(await text('#plan-indicator .v'), plan.indicator.toExponential(3));
+    // One row and one strip per class; a cell per block, coloured as the block map colours
+    // the format (Okabe-Ito orange for int8; fp16, which maps never hold, the unknown grey).
+    assert.equal(await page.locator('#plan-classes tbody tr').count(), 2);
+    const colours = { int8: 'rgb(230, 159, 0)', fp16: 'rgb(153, 153, 153)', bf16: 'rgb(86, 180, 233)' };
+    for (const c of plan.classes) {
+      const low = c.plan.filter((f) => f !== c.high_format).length;
+      const cells = (await page.locator(`#plan-classes tr[data-class="${c.name}"] > *`).allTextContents());
+      assert.equal(cells[0], c.name);
+      assert.equal(cells[1], c.fixed ? 'fixed' : 'no');
+      assert.deepEqual(cells.slice(2, 5), [c.high_format, c.low_format, `${low} / 48`]);
+      assert.ok(cells[5].startsWith(`${gib(c.memory_bytes)} / ${gib(c.budget_bytes)} (`), cells[5]);
+      assert.equal(cells[6], secondsText(c.compute_seconds));
+      const strip = `.plan-strip[data-class="${c.name}"]`;
+      assert.equal(await page.locator(`${strip} > span`).count(), 48);
+      assert.equal(await page.locator(`${strip} > span[data-format="${c.low_format}"]`).count(), low);
+      assert.equal(await page.locator(`${strip} > span[data-format="${c.high_format}"]`).count(), 48 - low);
+      const shown = await page.locator(`${strip} > span`).evaluateAll((els) =>
+        els.map((e) => [e.dataset.format, e.getAttribute('title'), getComputedStyle(e).backgroundColor]));
+      shown.forEach(([format, title, colour], i) => {
+        assert.equal(format, c.plan[i], `${c.name} block ${i}`);
+        assert.equal(title, `block ${i}: ${c.plan[i]}`);
+        assert.equal(colour, colours[format], `${c.name} block ${i}'s colour`);
+      });
+    }
+    // The example's shape (DESIGN 11): the fast class is fixed, all high; the slow one runs
+    // some blocks low, and block 0 (force_bf16_blocks) stays high.
+    assert.equal(plan.classes[0].fixed, true);
+    assert.equal(await page.locator('.plan-strip[data-class="fast"] > span[data-format="int8"]').count(), 0);
+    const slowLow = await page.locator('.plan-strip[data-class="slow"] > span[data-format="int8"]').count();
+    assert.ok(slowLow > 0 && slowLow < 48, `slow class: ${slowLow} low blocks`);
+    assert.equal(await page.locator('.plan-strip[data-class="slow"] > span[data-block="0"]').getAttribute('data-format'), 'fp16');
+    const count = (f) => plan.raises.filter(f).length;
+    assert.equal(await text('#plan-raises'), `Raises tried: ${plan.raises.length} · accepted ${count((r) => r.accepted)} · ` +
+      `refused for memory ${count((r) => !r.accepted && r.reason === 'memory')} · refused for time ${count((r) => !r.accepted && r.reason === 'time')}`);
+    await screenshot(page, 'plan');
+    assert.deepEqual(await axeViolations(page), [], 'axe-core: serious or critical violations');
+
+    // Live: a fixed class no rank reports makes the next decision refuse to plan; the view shows
+    // it at that decision's event, with no reload, and the plan in force stays on screen.
+    const mark = await page.evaluate(() => window.__prismLoadMark);
+    const patch = (body) => request(`${base}v1/jobs/${job}/config`, { method: 'PATCH', token, body });
+    let r = await patch({ hybrid_fixed_classes: ['nope'] });
+    assert.equal(r.status, 200, r.text);
+    try {
+      const refused = await jsonUntil(`${base}v1/jobs/${job}/plan`, (d) => d.status === 'refused', WAIT);
+      await page.waitForSelector('#plan-status[data-status="refused"]', { timeout: WAIT });
+      assert.equal(await text('#plan-status'), 'Plan: refused: the plan in force stays');
+      await page.waitForFunction((m) => document.getElementById('plan-message').textContent === m, refused.message, { timeout: WAIT });
+      assert.ok(refused.message.includes('nope'), refused.message);
+      assert.equal(await page.locator('#plan-message').isVisible(), true);
+      assert.equal(await page.locator('.plan-strip > span').count(), 96, 'the plan in force stays');
+      await screenshot(page, 'plan-refused');
+      assert.equal(await page.evaluate(() => window.__prismLoadMark), mark, 'the page reloaded');
+    } finally {
+      r = await patch({ hybrid_fixed_classes: null });
+      assert.equal(r.status, 200, r.text);
+    }
+    await jsonUntil(`${base}v1/jobs/${job}/plan`, (d) => d.status === 'planned', WAIT);
+    await page.waitForSelector('#plan-status[data-status="planned"]', { timeout: WAIT });
+    assert.deepEqual(watch.problems, []);
+    await context.close();
+  });
+
+  it('says a job without hybrid plans has none, in the plan view', { timeout: TEST_MS }, async () => {
+    const job = jobs.train;
+    const { context, page, watch } = await newPage();
+    await page.goto(`${base}#/jobs/${job}/plan`);
+    await viewReady(page, 'plan', WAIT, watch);
+    const doc = JSON.parse((await request(`${base}v1/jobs/${job}/plan`)).text);
+    assert.equal(doc.status, 'disabled');
+    assert.equal(doc.plan, null);
+    const text = (sel) => page.locator(sel).textContent();
+    assert.equal(await text('#plan-status'), 'Plan: off');
+    assert.equal(await page.locator('#plan-status').getAttribute('data-status'), 'disabled');
+    assert.equal(await text('#plan-message'), doc.message);
+    assert.equal(doc.message, "the job's config has hybrid false");
+    assert.equal(await text('#plan-classes-seen .v'), 'train-h100');
+    assert.equal(await text('#plan-map .v'), 'none');
+    assert.equal(await text('#plan-none'), 'No plan in force: every block runs in its high format on every class.');
+    assert.equal(await page.locator('#plan-classes').count(), 0);
+    assert.equal(await page.locator('.plan-strip').count(), 0);
+    await screenshot(page, 'plan-disabled');
     assert.deepEqual(await axeViolations(page), [], 'axe-core: serious or critical violations');
     assert.deepEqual(watch.problems, []);
     await context.close();

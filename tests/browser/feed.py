@@ -11,6 +11,12 @@ connects to a running one (--grpc ADDR --http ADDR). Jobs:
          the others keep theirs.
   1k     1 rank, 1,000 named blocks.
   10k    1 rank, 10,000 named blocks (steps at --big-step-ms).
+  hybrid 4 ranks in two device classes, "fast" (ranks 0, 1: the V100 profile of examples/hybrid/)
+         and "slow" (ranks 2, 3: the T4 profile), the 48-block GPT layout of
+         examples/hybrid/gpt48.plan.json with its cost figures, and every step that example's
+         gradient and tensor statistics; once the job exists its config is PATCHed to hybrid
+         true with the example's link and force_bf16_blocks, so a decision plans (the same plan
+         at every later decision: the inputs do not change). Ready once the plan is in force.
 Every job reports one step per --step-ms and decides every 5 steps, so that a change made over
 REST (overrides, config) takes effect at the next decision, about a second later. --churn JOB,..
 makes those jobs' maps change at every decision (one map event per decision: the live-update
@@ -18,7 +24,8 @@ benchmark).
 
 When every job has made its first decision it prints ONE JSON line on stdout:
   {"http": "127.0.0.1:PORT", "scheme": "http"|"https", "grpc": "...", "jobs": {"train": ID, ...},
-   "tokens": {ID: TOKEN}, "blocks": {ID: N}, "stable_low": {ID: [block ids]}, "step_ms": ...}
+   "tokens": {ID: TOKEN}, "blocks": {ID: N}, "stable_low": {ID: [block ids]}, "step_ms": ...,
+   "hybrid_classes": {"fast": [ranks], "slow": [ranks]}}
 then keeps reporting until --steps steps per job or --seconds have passed, stdin reaches its end
 (the parent went away) or SIGTERM/SIGINT comes; then it closes the streams, stops the prismd it
 started and exits 0. Everything it waits for is bounded."""
@@ -44,8 +51,8 @@ def parse_args():
     p.add_argument("--http", help="HTTP address of that prismd")
     p.add_argument("--tls-cert", help="PEM certificate: prismd serves TLS (started or given)")
     p.add_argument("--tls-key", help="PEM key of --tls-cert (to start prismd)")
-    p.add_argument("--jobs", default="train,1k,10k", help="which jobs to feed (train, 1k, 10k)")
-    p.add_argument("--prefix", default="dash", help="job ids are PREFIX-train, PREFIX-1k, PREFIX-10k")
+    p.add_argument("--jobs", default="train,1k,10k,hybrid", help="which jobs to feed (train, 1k, 10k, hybrid)")
+    p.add_argument("--prefix", default="dash", help="job ids are PREFIX-train, PREFIX-1k, PREFIX-10k, PREFIX-hybrid")
     p.add_argument("--step-ms", type=int, default=200, help="one step per this many ms (train, 1k)")
     p.add_argument("--big-step-ms", type=int, default=1000, help="one step per this many ms (10k)")
     p.add_argument("--steps", type=int, default=5000, help="steps per job at most")
@@ -138,6 +145,7 @@ class Job:
                 self.base.append(0.9 + 0.3 * unit(i + 3000))   # middle
         self.wanderers = set(range(5, self.n, 12))  # one block in twelve
         self.stable_low = [i for i in range(self.n) if self.base[i] < 0.5 and i not in self.wanderers]
+        self.lagging_rank = 1  # (in a job of one rank: none)
         self.steps_sent = 0
         self.map_version = 0
         self.ready = threading.Event()
@@ -161,6 +169,16 @@ class Job:
     def loss(self, step):
         return 0.9 + 2.6 * math.exp(-step / 350.0) + 0.05 * (unit(step + 17) - 0.5)
 
+    def step_report(self, step, rank):
+        """What rank reports at step: every block's gradient figures from norms()."""
+        norms = self.norms(step, rank)
+        return pb.StepReport(step=step, loss=self.loss(step), blocks=[
+            pb.BlockGradStats(block_id=i, l2_norm=n, max_abs=n * 0.1, mean=0.0, variance=n * n / 1e4, numel=4096)
+            for i, n in enumerate(norms)])
+
+    def after_first_update(self, prismd):
+        """Called once, when rank 0 took the job's first map (before ready): nothing to do."""
+
     def layout(self):
         fingerprint = bytes((len(self.id) * 37 + i * 11 + self.n) % 256 for i in range(32))
         return pb.ModelLayout(fingerprint=fingerprint, model_id="dashboard-feed/" + self.kind, blocks=[
@@ -172,6 +190,65 @@ class Job:
                                 memory_bytes=85899345920, bf16_ops_per_second=9.0e14,
                                 fp16_ops_per_second=9.0e14, int8_ops_per_second=1.8e15,
                                 fp8_ops_per_second=1.8e15, h2d_bytes_per_second=2.5e10 - rank * 1e9)
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "hybrid")
+HYBRID_CLASSES = {"fast": "v100-32gb.profile.json", "slow": "t4-16gb.profile.json"}
+
+
+class HybridJob(Job):
+    """A job of two device classes that prismd plans for (issue 15, DESIGN 11): the GPT example's
+    layout, costs and statistics, the same every step."""
+
+    def __init__(self, job_id, period_s):
+        with open(os.path.join(EXAMPLES, "gpt48.plan.json")) as f:
+            self.example = json.load(f)
+        self.example["blocks"].sort(key=lambda b: b["id"])
+        self.profiles = {}
+        for cls, name in HYBRID_CLASSES.items():
+            with open(os.path.join(EXAMPLES, name)) as f:
+                self.profiles[cls] = json.load(f)
+        super().__init__("hybrid", job_id, [b["name"] for b in self.example["blocks"]], 4, period_s, False)
+        self.lagging_rank = None
+        self.stable_low = []
+
+    @staticmethod
+    def rank_class(rank):
+        return "fast" if rank < 2 else "slow"
+
+    def layout(self):
+        fingerprint = bytes((len(self.id) * 41 + i * 13 + self.n) % 256 for i in range(32))
+        return pb.ModelLayout(fingerprint=fingerprint, model_id="dashboard-feed/hybrid", blocks=[
+            pb.BlockInfo(id=b["id"], name=b["name"], param_bytes_bf16=int(b["param_bytes_bf16"]), flops=int(b["flops"]),
+                         activation_bytes_bf16=int(b["activation_bytes_bf16"]), state_bytes=int(b["state_bytes"]))
+            for b in self.example["blocks"]])
+
+    def device(self, rank):
+        p = self.profiles[self.rank_class(rank)]
+        return pb.DeviceProfile(
+            device_class=self.rank_class(rank), device_name=p["device_name"] + " (fed)", memory_bytes=p["memory_bytes"],
+            bf16_ops_per_second=p["bf16_ops_per_second"], fp16_ops_per_second=p["fp16_ops_per_second"],
+            int8_ops_per_second=p["int8_ops_per_second"], fp8_ops_per_second=p["fp8_ops_per_second"],
+            quantize_cost=pb.LinearCost(**p["quantize_cost"]), cast_cost=pb.LinearCost(**p["cast_cost"]),
+            h2d_bytes_per_second=p["h2d_bytes_per_second"])
+
+    def step_report(self, step, rank):
+        blocks = self.example["blocks"]
+        return pb.StepReport(step=step, loss=self.loss(step), blocks=[
+            pb.BlockGradStats(block_id=b["id"], l2_norm=b["stats"]["g_l2"], max_abs=b["stats"]["g_max_abs"],
+                              numel=int(b["stats"]["w_numel"])) for b in blocks], tensor_stats=[
+            pb.BlockTensorStats(block_id=b["id"], x_l2=s["x_l2"], x_max_abs=s["x_max_abs"], x_numel=int(s["x_numel"]),
+                                w_l2=s["w_l2"], w_max_abs=s["w_max_abs"], w_numel=int(s["w_numel"]),
+                                y_numel=int(s["y_numel"])) for b in blocks for s in (b["stats"],)])
+
+    def after_first_update(self, prismd):
+        """Turns hybrid plans on for the job (its token), effective at the next decision."""
+        link, cfg = self.example["link"], self.example["config"]
+        body = {"hybrid": True, "hybrid_link_bytes_per_second": link["bytes_per_second"],
+                "hybrid_link_latency_seconds": link["latency_seconds"],
+                "hybrid_memory_fraction": cfg["memory_fraction"], "hybrid_gamma": cfg["gamma"],
+                "hybrid_low_format": cfg["low_format"], "force_bf16_blocks": cfg["force_bf16_blocks"]}
+        rest_call(prismd, "PATCH", "/v1/jobs/%s/config" % self.id, body, self.token)
 
 
 HEARTBEAT_FIELDS = set(pb.Heartbeat.DESCRIPTOR.fields_by_name)
@@ -211,10 +288,7 @@ class Rank:
         s = step - self.lag
         if s < 1:
             return
-        norms = self.job.norms(s, self.rank)
-        self.stream.send(step_report=pb.StepReport(step=s, loss=self.job.loss(s), blocks=[
-            pb.BlockGradStats(block_id=i, l2_norm=n, max_abs=n * 0.1, mean=0.0, variance=n * n / 1e4, numel=4096)
-            for i, n in enumerate(norms)]))
+        self.stream.send(step_report=self.job.step_report(s, self.rank))
         self.last_step = s
         if self.lag:
             self.dropped = s // 40  # the trainer-side counter its agent reports
@@ -245,17 +319,33 @@ def make_jobs():
         elif kind == "10k":
             names = ["model.layers.%d.mlp.experts.%d" % (i // 100, i % 100) for i in range(10000)]
             jobs.append(Job(kind, job_id, names, 1, ARGS.big_step_ms / 1000, kind in churn))
+        elif kind == "hybrid":
+            jobs.append(HybridJob(job_id, ARGS.step_ms / 1000))
         else:
-            sys.exit("feed: unknown job kind %r (train, 1k, 10k)" % kind)
+            sys.exit("feed: unknown job kind %r (train, 1k, 10k, hybrid)" % kind)
     return jobs
+
+
+def rest_url(prismd, path):
+    ctx = ssl._create_unverified_context() if prismd.tls else None
+    return "%s://%s%s" % ("https" if prismd.tls else "http", prismd.http_addr, path), ctx
+
+
+def rest_call(prismd, method, path, body, token):
+    """One REST request with a JSON body and the job's token; raises unless prismd says 200."""
+    url, ctx = rest_url(prismd, path)
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method=method, headers={
+        "content-type": "application/json", "authorization": "Bearer " + token})
+    with urllib.request.urlopen(req, timeout=WAIT_S, context=ctx) as r:
+        if r.status != 200:
+            raise RuntimeError("%s %s: HTTP %d" % (method, path, r.status))
 
 
 def rest_until(prismd, path, ready):
     """GETs path until ready(doc) holds (REST shows the snapshot published just after an
     update: a moment later than the agents see it); bounded: 400 x 50 ms. A plain GET: whether
     answers conform to the OpenAPI document is the integration tests' business, not the feed's."""
-    ctx = ssl._create_unverified_context() if prismd.tls else None
-    url = "%s://%s%s" % ("https" if prismd.tls else "http", prismd.http_addr, path)
+    url, ctx = rest_url(prismd, path)
     for _ in range(400):
         with urllib.request.urlopen(url, timeout=WAIT_S, context=ctx) as r:
             if ready(json.loads(r.read())):
@@ -268,7 +358,7 @@ def drive(job, prismd, deadline):
     """Reports one step per period to every rank of job until STOP, the step bound or deadline.
     Paced by a monotonic schedule: a slow step does not shift the next ones, and a feed that fell
     more than a step behind starts afresh rather than sending the missed steps in a burst."""
-    ranks = [Rank(prismd, job, r, lag=4 if r == 1 else 0) for r in range(job.world_size)]
+    ranks = [Rank(prismd, job, r, lag=4 if r == job.lagging_rank else 0) for r in range(job.world_size)]
     job.streams = ranks
     due = time.monotonic()
     for step in range(1, ARGS.steps + 1):
@@ -327,6 +417,10 @@ def main():
             # REST shows the snapshot published just after the update: wait for it there too.
             rest_until(prismd, "/v1/jobs", lambda d: any(
                 j["job_id"] == job.id and j["map_version"] >= 1 for j in d["jobs"]))
+            job.after_first_update(prismd)
+        for job in jobs:
+            if isinstance(job, HybridJob):  # planned at a decision after the PATCH: in force
+                rest_until(prismd, "/v1/jobs/%s/plan" % job.id, lambda d: d["status"] == "planned")
         ready_at[0] = time.monotonic()
         print(json.dumps({
             "http": prismd.http_addr, "scheme": "https" if tls else "http", "grpc": prismd.grpc_addr,
@@ -334,6 +428,7 @@ def main():
             "blocks": {job.id: job.n for job in jobs},
             "stable_low": {job.id: job.stable_low[:50] for job in jobs},
             "step_ms": {job.id: round(job.period_s * 1000) for job in jobs},
+            "hybrid_classes": {c: [r for r in range(4) if HybridJob.rank_class(r) == c] for c in HYBRID_CLASSES},
             "decide_every_steps": DECIDE_EVERY}), flush=True)
 
         def watch_stdin():

@@ -13,6 +13,7 @@ import { chartsView } from "./views/charts";
 import { configView } from "./views/config";
 import { jobsView } from "./views/jobs";
 import { mapProbe, mapView } from "./views/map";
+import { planView } from "./views/plan";
 import { ranksView } from "./views/ranks";
 
 /** The slowest data on screen may be this old: the poll of v1/jobs (plan 13: never faster). */
@@ -93,9 +94,9 @@ function drawNav(): void {
     h("a", { href: routeHash({ view: "map", job }), "aria-current": here === "block" ? null : "page" }, job),
     r.view === "block" ? [h("span", { class: "sep", "aria-hidden": "true" }, "/"), h("span", { "aria-current": "page" }, `block ${r.block}`)] : null,
   );
-  const tab = (v: "map" | "charts" | "ranks" | "config", label: string) =>
+  const tab = (v: "map" | "charts" | "ranks" | "config" | "plan", label: string) =>
     h("a", { href: routeHash({ view: v, job }), class: here === v ? "tab on" : "tab", "aria-current": here === v ? "page" : null }, label);
-  replace(tabs, tab("map", "block map"), tab("charts", "charts"), tab("ranks", "ranks"), tab("config", "config"));
+  replace(tabs, tab("map", "block map"), tab("charts", "charts"), tab("ranks", "ranks"), tab("plan", "plan"), tab("config", "config"));
   document.title = `${job} · ${r.view === "block" ? `block ${r.block}` : r.view} · Prism`;
 }
 
@@ -130,6 +131,8 @@ function makeView(ctx: ViewContext, r: Route): View {
       return ranksView(ctx, r.job);
     case "config":
       return configView(ctx, r.job);
+    case "plan":
+      return planView(ctx, r.job);
     case "block":
       return blockView(ctx, r.job, r.block);
   }

@@ -1,9 +1,9 @@
 /* Hash routes (plan 13's DOM contract): #/ jobs; #/jobs/{job} the block map; #/jobs/{job}/charts,
- * /ranks, /config; #/jobs/{job}/blocks/{id} one block. */
+ * /ranks, /config, /plan; #/jobs/{job}/blocks/{id} one block. */
 
-export type ViewName = "jobs" | "map" | "charts" | "ranks" | "config" | "block";
+export type ViewName = "jobs" | "map" | "charts" | "ranks" | "config" | "plan" | "block";
 
-export type Route = { view: "jobs" } | { view: "map" | "charts" | "ranks" | "config"; job: string } | { view: "block"; job: string; block: number };
+export type Route = { view: "jobs" } | { view: "map" | "charts" | "ranks" | "config" | "plan"; job: string } | { view: "block"; job: string; block: number };
 
 /** The route of a location hash; anything unknown is the jobs view. */
 export function parseRoute(hash: string): Route {
@@ -17,7 +17,7 @@ export function parseRoute(hash: string): Route {
   }
   if (parts.length === 2) return { view: "map", job };
   const sub = parts[2];
-  if (parts.length === 3 && (sub === "charts" || sub === "ranks" || sub === "config")) return { view: sub, job };
+  if (parts.length === 3 && (sub === "charts" || sub === "ranks" || sub === "config" || sub === "plan")) return { view: sub, job };
   if (parts.length === 4 && sub === "blocks" && /^\d+$/.test(parts[3]!)) return { view: "block", job, block: Number(parts[3]) };
   return { view: "map", job };
 }

@@ -33,3 +33,6 @@ export type TelemetryRecord = Omit<S["TelemetryRecord"], "block_details"> & {
 };
 
 export type TelemetryPage = Omit<S["Telemetry"], "records"> & { records: TelemetryRecord[] };
+/** a job's hybrid-device plan state (GET v1/jobs/{job}/plan) and the plan object in it */
+export type JobPlan = S["JobPlan"];
+export type HybridPlan = S["HybridPlan"];

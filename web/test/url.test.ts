@@ -34,6 +34,7 @@ test("hash routes of plan 13 and back", () => {
     ["#/jobs/a%20b/charts", { view: "charts", job: "a b" }],
     ["#/jobs/j/ranks", { view: "ranks", job: "j" }],
     ["#/jobs/j/config", { view: "config", job: "j" }],
+    ["#/jobs/j/plan", { view: "plan", job: "j" }],
     ["#/jobs/j/blocks/9999", { view: "block", job: "j", block: 9999 }],
   ];
   for (const [hash, route] of cases) {
