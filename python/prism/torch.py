@@ -38,12 +38,13 @@ What each call does:
 
 Hybrid devices (DESIGN 11, QSync): keyword arguments of attach, all optional.
   profile_forward  a callable running one forward pass of a training step's batch; attach runs it
-              once (under torch.no_grad, before registering) with hooks on every nn.Linear inside
-              each block, to measure the block's forward FLOPs per step (2 * in_features *
-              out_features per input row of every Linear call; other modules count 0) and its
-              activation bytes (the BF16 bytes of every Linear input, which the Linear keeps for
-              backward: 2 * numel). They go to prismd in the layout (flops,
-              activation_bytes_bf16) for the hybrid planner.
+              once (under torch.no_grad, before registering) with the forward of every nn.Linear
+              inside each block wrapped to count its calls (input by position or as `input=`),
+              to measure the block's forward FLOPs per step (2 * in_features * out_features per
+              input row of every Linear call; other modules count 0) and its activation bytes
+              (the BF16 bytes of every Linear input, which a high Linear keeps for backward:
+              2 * numel). They go to prismd in the layout (flops, activation_bytes_bf16) for the
+              hybrid planner.
   block_costs  [{flops, activation_bytes_bf16, state_bytes}, ...], one dict per block: the
               figures given instead of measured (a key left out keeps its measured or default
               value).
@@ -61,13 +62,29 @@ Hybrid devices (DESIGN 11, QSync): keyword arguments of attach, all optional.
               with a later report. Needs a libprism with compute plans (ignored otherwise).
 Compute plans: at begin_step the compute plan that came with the map in use (so every rank
 switches at the map's effective step) says which blocks run low (prism.Client.
-compute_precisions). In those blocks every nn.Linear called through its forward runs
-low_linear: the weight quantized per row and the input per tensor to the plan's low format by
-Prism's kernels and dequantized again (the values a low-precision matrix multiply sees), then
-F.linear; the bias stays as it is. Backward is the high op's: the gradients of F.linear on the
-unquantized input and weight (a straight-through autograd Function, which recomputes the high
-op's graph in backward and so costs one more forward matmul per low Linear). Blocks planned high
-run unchanged. counters() adds compute_low_blocks (the ids running low now),
+compute_precisions); it is read at every begin_step, not only when the map version changes, so a
+plan the client reads again for the same map (its file mapped late, the layout registered after a
+begin_step) is applied too. In the blocks planned low every nn.Linear called through its forward
+(input by position or as `input=`) runs low_linear, an autograd Function:
+  forward   F.linear(dequant(Qx), dequant(Qw), b): Qx the input quantized per tensor and Qw the
+            weight per row to the plan's low format by Prism's kernels (low_input and low_weight
+            give those values: the ones a low-precision matmul sees), the bias unchanged, under
+            the caller's torch.autocast state.
+  saves     the input's codes (uint8, one byte per element for int8 and fp8) and its scale (one
+            float32), the weight parameter itself (no copy: the model keeps it anyway) and the
+            autocast state (device type, enabled, dtype); not x, not a float copy of it. So a low
+            Linear's saved activation is half the bytes of a BF16 input and a quarter of an FP32
+            one (plus the 4 bytes of the scale): the A_i * 8 / 16 of the planner's memory model. Without a weight gradient wanted
+            no codes are kept.
+  backward  in the autocast state recorded by forward (whatever the caller's is then), with
+            g = grad_y as rows [R, out]: grad_x = g @ W (the full-precision weight), grad_W =
+            g^T @ dequant(Qx) (the input values forward used), grad_b = the sum of g's rows, each
+            cast to its input's dtype. No forward matmul is recomputed. These are straight-through
+            gradients, not the high op's (grad_W sees the quantized input).
+  Both backward matmuls run in the high format (the model's dtype, or autocast's) for int8 and
+  for fp8 alike: for int8 that is the planner's time model; for fp8 the model costs backward at
+  fp8 throughput, which needs real FP8 matmuls (GPU kernels), not these.
+Blocks planned high run unchanged. counters() adds compute_low_blocks (the ids running low now),
 compute_low_block_steps (block-steps run low since attach) and plan_map_version (the map the plan
 in use came with; 0: none).
 
@@ -75,6 +92,7 @@ Nothing here raises because the agent or prismd is missing: reports are dropped 
 (`counters()`), and the weights keep the last map.
 """
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -108,35 +126,54 @@ def fake_quantize(w, fmt, granularity="block", block=128):
     return out.to(w.dtype).reshape(w.shape)
 
 
-def _dequantized(t, fmt, granularity):
+def _quantized(t, fmt, granularity):
     """t quantized to fmt by Prism's kernels (granularity "tensor" or "row": one scale per row of
-    t.shape[-1] elements) and dequantized again, in t's dtype and shape: what kernels.quantize and
-    kernels.dequantize give, but with nothing read back from a GPU (no NaN/Inf count), so a CUDA
-    forward pass never waits here."""
+    t.shape[-1] elements): (codes, scales, spec, dtype), codes uint8 (1 byte per element for int8
+    and fp8; int4 two per byte), scales float32 (one per group), the kernel's spec, and the dtype
+    the kernel read t in (t's, or float32 for a dtype the kernels do not take). Nothing is read
+    back from a GPU (no NaN/Inf count), so a CUDA forward pass never waits here."""
     src = t.detach().contiguous()
     if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         src = src.float()
+    spec = kernels._spec(fmt, granularity, 128, None, default_row=src.shape[-1] if src.dim() and src.shape[-1] else 1)
     if src.numel() == 0:
-        return t.detach().clone()
-    spec = kernels._spec(fmt, granularity, 128, None, default_row=src.shape[-1] if src.dim() else 1)
+        return (torch.empty(0, dtype=torch.uint8, device=src.device),
+                torch.empty(0, dtype=torch.float32, device=src.device), spec, src.dtype)
     lay = kernels._layout(spec, src.numel())
     codes = torch.empty(lay.code_bytes, dtype=torch.uint8, device=src.device)
     scales = torch.empty(lay.groups, dtype=torch.float32, device=src.device)
-    out = torch.empty(src.shape, dtype=src.dtype, device=src.device)
     x = kernels._arg(src, "x", "float")
     tensor = x.tensor()
     if src.is_cuda:
         kernels._cuda_call("prism_quantize_cuda", src.device, ctypes.byref(spec), ctypes.byref(tensor),
                            codes.data_ptr(), scales.data_ptr(), None)
-        kernels._cuda_call("prism_dequantize_cuda", src.device, ctypes.byref(spec), codes.data_ptr(),
-                           scales.data_ptr(), src.numel(), out.data_ptr(), x.dtype)
     else:
-        lib = _lib.load()
-        kernels._host_call(lib.prism_quantize_cpu, ctypes.byref(spec), ctypes.byref(tensor), codes.data_ptr(),
-                           scales.data_ptr(), None)
-        kernels._host_call(lib.prism_dequantize_cpu, ctypes.byref(spec), codes.data_ptr(), scales.data_ptr(),
-                           src.numel(), out.data_ptr(), x.dtype)
-    return out.to(t.dtype)
+        kernels._host_call(_lib.load().prism_quantize_cpu, ctypes.byref(spec), ctypes.byref(tensor),
+                           codes.data_ptr(), scales.data_ptr(), None)
+    return codes, scales, spec, src.dtype
+
+
+def _decoded(codes, scales, spec, shape, dtype):
+    """The values codes and scales (from _quantized) stand for, dequantized by Prism's kernels into
+    a new tensor of `shape` and `dtype` (the dtype _quantized read in) on the codes' device."""
+    out = torch.empty(shape, dtype=dtype, device=codes.device)
+    if out.numel() == 0:
+        return out
+    dt = kernels.DTYPES[str(dtype).replace("torch.", "")]
+    if codes.is_cuda:
+        kernels._cuda_call("prism_dequantize_cuda", codes.device, ctypes.byref(spec), codes.data_ptr(),
+                           scales.data_ptr(), out.numel(), out.data_ptr(), dt)
+    else:
+        kernels._host_call(_lib.load().prism_dequantize_cpu, ctypes.byref(spec), codes.data_ptr(),
+                           scales.data_ptr(), out.numel(), out.data_ptr(), dt)
+    return out
+
+
+def _dequantized(t, fmt, granularity):
+    """t quantized to fmt and dequantized again by Prism's kernels (see _quantized), in t's dtype
+    and shape: what kernels.quantize and kernels.dequantize give."""
+    codes, scales, spec, dtype = _quantized(t, fmt, granularity)
+    return _decoded(codes, scales, spec, t.shape, dtype).to(t.dtype)
 
 
 def low_weight(w, fmt):
@@ -151,27 +188,71 @@ def low_input(x, fmt):
     return _dequantized(x, fmt, "tensor")
 
 
+def _autocast_state(device_type):
+    """(enabled, dtype) of torch.autocast for device_type on this thread, through the API of the
+    installed torch (torch >= 2.4 takes the device type; older ones have per-device calls and
+    autocast only for "cpu" and "cuda")."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type)), torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError):
+        pass
+    if device_type == "cuda":
+        return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    if device_type == "cpu":
+        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return False, None
+
+
+def _autocast_like(state):
+    """A context manager that puts back the autocast state (device type, enabled, dtype) recorded
+    by _LowLinear.forward; a no-op for a device type autocast does not know."""
+    device_type, enabled, dtype = state
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled)
+
+
 class _LowLinear(torch.autograd.Function):
-    """Forward: F.linear(low_input(x), low_weight(w), b). Backward: the gradients F.linear(x, w, b)
-    itself has (straight through the quantization), computed by autograd on that op recomputed,
-    so they equal the high op's bit for bit."""
+    """A Linear in the low format (the module's docstring says it all):
+    forward  y = F.linear(dequant(Qx), dequant(Qw), b), Qx the input's codes (per tensor) and
+             Qw the weight's (per row), under the autocast state of the caller;
+    saves    Qx's codes (uint8, 1 byte per element for int8 and fp8) and scale, the weight
+             parameter itself (no copy) and the autocast state; not x, not dequant(Qw);
+    backward in the recorded autocast state, with g = grad_y as rows [R, out]:
+             grad_x = g @ W (the full-precision weight), grad_W = g^T @ dequant(Qx) (the input
+             values the forward used), grad_b = sum of g over the rows; each cast to its input's
+             dtype. No forward matmul is recomputed."""
 
     @staticmethod
     def forward(ctx, x, w, b, fmt):
-        ctx.save_for_backward(x, w, b)
-        return F.linear(low_input(x, fmt), low_weight(w, fmt), b)
+        dev = x.device.type
+        ctx.autocast = (dev,) + tuple(_autocast_state(dev))
+        codes, scales, spec, qdtype = _quantized(x, fmt, "tensor")
+        xq = _decoded(codes, scales, spec, x.shape, qdtype).to(x.dtype)
+        y = F.linear(xq, low_weight(w, fmt), b)
+        del xq
+        ctx.spec, ctx.qdtype, ctx.x_shape, ctx.x_dtype = spec, qdtype, x.shape, x.dtype
+        ctx.b_dtype = b.dtype if b is not None else None
+        if not ctx.needs_input_grad[1]:  # grad_W is the only use of the codes
+            codes = scales = None
+        ctx.save_for_backward(codes, scales, w)
+        return y
 
     @staticmethod
     def backward(ctx, grad):
-        x, w, b = ctx.saved_tensors
-        need = ctx.needs_input_grad[:3]
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(n) if t is not None else None for t, n in zip((x, w, b), need)]
-            y = F.linear(*leaves)
-            wanted = [t for t, n in zip(leaves, need) if n and t is not None]
-            grads = iter(torch.autograd.grad(y, wanted, grad)) if wanted else iter(())
-        out = [next(grads) if n and t is not None else None for t, n in zip(leaves, need)]
-        return out[0], out[1], out[2], None
+        codes, scales, w = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gx = gw = gb = None
+        with _autocast_like(ctx.autocast):
+            g = grad.reshape(-1, grad.shape[-1])
+            if need_x:
+                gx = torch.mm(g, w).reshape(ctx.x_shape).to(ctx.x_dtype)
+            if need_w:
+                xq = _decoded(codes, scales, ctx.spec, ctx.x_shape, ctx.qdtype).to(ctx.x_dtype)
+                gw = torch.mm(g.t(), xq.reshape(-1, xq.shape[-1])).to(w.dtype)
+            if need_b:
+                gb = g.sum(0).to(ctx.b_dtype)
+        return gx, gw, gb, None
 
 
 def low_linear(x, weight, bias, fmt):
@@ -180,21 +261,31 @@ def low_linear(x, weight, bias, fmt):
     return _LowLinear.apply(x, weight, bias, fmt)
 
 
-def _low_forward(module, fmt, x):
-    """The forward a Linear of a block planned low gets (bound with functools.partial)."""
-    return low_linear(x, module.weight, module.bias, fmt)
+def _low_forward(module, fmt, input):
+    """The forward a Linear of a block planned low gets (bound with functools.partial; takes its
+    input by position or as nn.Linear's keyword `input`)."""
+    return low_linear(input, module.weight, module.bias, fmt)
 
 
 def _linears(block):
     return [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
 
 
+def _counted_forward(call, count, *args, **kwargs):
+    """A Linear's forward `call` that first hands its input (the first positional argument, or
+    nn.Linear's keyword `input`) to count."""
+    count(args[0] if args else kwargs["input"])
+    return call(*args, **kwargs)
+
+
 def measure_costs(blocks, forward):
-    """Runs forward() once under torch.no_grad with hooks on every nn.Linear inside each block
-    and returns, per block, {"flops", "activation_bytes_bf16"}: 2 * in * out FLOPs per input row
-    of each Linear call, and 2 bytes per element of each Linear input (other modules: 0)."""
+    """Runs forward() once under torch.no_grad with every nn.Linear inside each block counting
+    its calls, and returns, per block, {"flops", "activation_bytes_bf16"}: 2 * in * out FLOPs per
+    input row of each Linear call, and 2 bytes per element of each Linear input (other modules:
+    0). The count wraps each Linear's forward for the call (so an input given by keyword,
+    lin(input=x), counts too) and puts the forward back after."""
     costs = [{"flops": 0, "activation_bytes_bf16": 0} for _ in blocks]
-    hooks = []
+    patched = []  # (linear, the instance's own forward before, or None)
     seen = set()
     try:
         for b, block in enumerate(blocks):
@@ -203,17 +294,21 @@ def measure_costs(blocks, forward):
                     continue
                 seen.add(id(m))
 
-                def count(module, args, output, b=b):
-                    x = args[0]
-                    rows = x.numel() // module.in_features if module.in_features else 0
-                    costs[b]["flops"] += 2 * module.in_features * module.out_features * rows
+                def count(x, m=m, b=b):
+                    rows = x.numel() // m.in_features if m.in_features else 0
+                    costs[b]["flops"] += 2 * m.in_features * m.out_features * rows
                     costs[b]["activation_bytes_bf16"] += 2 * x.numel()
-                hooks.append(m.register_forward_hook(count))
+                call = m.forward
+                patched.append((m, m.__dict__.get("forward")))
+                m.forward = functools.partial(_counted_forward, call, count)
         with torch.no_grad():
             forward()
     finally:
-        for h in hooks:
-            h.remove()
+        for m, before in reversed(patched):
+            if before is None:
+                del m.forward
+            else:
+                m.forward = before
     return costs
 
 
@@ -304,7 +399,6 @@ class Attachment:
         self.compute_low_block_steps = 0
         self.plan_map_version = 0
         self._patched = {}  # block -> [(linear, the instance's own forward before, or None)]
-        self._plan_read_for = None  # the map version whose plan compute_low holds
         # Tensor statistics (tensor_stats_every): this step's figures, and CUDA ones on their way.
         self.tensor_stats_every = tensor_stats_every if self.has_plans else 0
         self._sampling = False
@@ -368,7 +462,7 @@ class Attachment:
         for b, p in enumerate(precisions):
             if p in _LOW and b in self._dst:
                 self._quantize_block(b, p)
-        self._apply_plan(version)
+        self._apply_plan()
         self._collect_stats()
         self._sampling = bool(self.tensor_stats_every) and step % self.tensor_stats_every == 0
         self._x, self._y = {}, {}
@@ -376,17 +470,19 @@ class Attachment:
 
     # ---- compute plans ----
 
-    def _apply_plan(self, version):
-        """Patches the Linears of the blocks the plan in use puts low, unpatches the others."""
+    def _apply_plan(self):
+        """Patches the Linears of the blocks the plan in use puts low, unpatches the others. The
+        plan is read at every begin_step (a copy in the client, no system call), not only when
+        the map version changes: the client may read the plan of the same map again (the plan
+        file mapped after the map was taken, or the layout registered after a begin_step), and
+        the Linears follow whatever it holds now."""
         if not self.has_plans:
             return
-        if version != self._plan_read_for:  # a plan comes only with a map: same map, same plan
-            self._plan_read_for = version
-            low = {b: p for b, p in enumerate(self.client.compute_precisions()) if p != "bf16"}
-            if low != self.compute_low:
-                self._set_compute(low)
-            plan = self.client.plan()
-            self.plan_map_version = plan["map_version"] if plan else 0
+        low = {b: p for b, p in enumerate(self.client.compute_precisions()) if p != "bf16"}
+        if low != self.compute_low:
+            self._set_compute(low)
+        plan = self.client.plan()
+        self.plan_map_version = plan["map_version"] if plan else 0
         self.compute_low_block_steps += len(self.compute_low)
 
     def _set_compute(self, low):

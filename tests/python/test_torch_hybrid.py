@@ -4,13 +4,18 @@
 Without an agent (a recording stand-in for prism.Client where the plan must be scripted):
   - the cost figures of a known model, worked out by hand: forward FLOPs (2 * in * out per row of
     every nn.Linear call), activation bytes (2 * numel of every Linear input), the default
-    state_bytes, block_costs overriding them, all in the layout that register gets;
+    state_bytes, block_costs overriding them, all in the layout that register gets (a Linear
+    called with the keyword input too);
   - a low Linear's forward equals F.linear on the values kernels.quantize/dequantize give (weight
-    per row, input per tensor) bit for bit, and its backward equals the high op's bit for bit;
+    per row, input per tensor) bit for bit, and its gradients equal the backward's formulas
+    written out (grad_x = g W, grad_W = g^T dequant(Qx), grad_b = sum g) bit for bit, also under
+    CPU bf16 autocast (the forward's autocast state is the backward's); its autograd graph saves
+    the input's codes and scale, not a float copy of the input;
   - the tensor statistics staged on sampled steps equal torch-computed norms (float64) to the
     statistics kernels' reference tolerance, nothing staged on the other steps;
   - a compute plan switches the Linears of the planned blocks at the step the map is in use, and
-    back, with the counters saying which blocks ran low.
+    back, with the counters saying which blocks ran low; a plan read again for the same map is
+    applied.
 With libprism's plan calls (prism_client_get_plan ...; the class skips without them):
   - the client's Hello carries the cost fields and its report the staged statistics (a test that
     plays the agent on the Unix socket), bad entries refused naming the entry;
@@ -58,6 +63,17 @@ class Twice(torch.nn.Module):
 
     def forward(self, x):
         return self.fc(torch.relu(self.fc(x)))
+
+
+class ByKeyword(torch.nn.Module):
+    """A Linear called with nn.Linear's keyword input (lin(input=x))."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(input=x)
 
 
 def make_blocks(dtype=torch.float32):
@@ -163,6 +179,17 @@ class Costs(unittest.TestCase):
         self.assertTrue(all(p.grad is None for p in blocks.parameters()))
         a.close()
 
+    def test_a_linear_called_with_a_keyword_input_counts(self):
+        torch.manual_seed(3)
+        blocks = torch.nn.ModuleList([ByKeyword(), torch.nn.Linear(4, 2)])
+        x = torch.randn(2, 3, 8)  # 6 rows of 8
+        costs = pt.measure_costs(blocks, lambda: blocks[1](input=blocks[0](x)))
+        # 2*8*4*6 FLOPs and 48 inputs; 2*4*2*6 and 24
+        self.assertEqual(costs, [{"flops": 384, "activation_bytes_bf16": 96},
+                                 {"flops": 96, "activation_bytes_bf16": 48}])
+        self.assertTrue(all("forward" not in m.__dict__ for m in blocks.modules()))  # put back
+        self.assertTrue(all(p.grad is None for p in blocks.parameters()))
+
     def test_bf16_model_optimizer_bytes_and_given_costs(self):
         blocks = make_blocks(torch.bfloat16)
         c = RecordingClient()
@@ -235,38 +262,129 @@ class LowLinear(unittest.TestCase):
         codes, scales = prism.quantize(t.detach().contiguous(), fmt, granularity)
         return prism.dequantize(codes, scales, fmt, numel=tuple(t.shape), granularity=granularity, dtype=t.dtype)
 
-    def case(self, fmt, dtype, bias=True, x_grad=True):
+    @staticmethod
+    def inputs(fmt, dtype, bias=True):
         torch.manual_seed(11)
         lin = torch.nn.Linear(24, 10, bias=bias).to(dtype)
         x = (torch.randn(3, 5, 24) * 3).to(dtype)
         x[0, 0, 0] = 40  # one large input: the per-tensor scale is its
         with torch.no_grad():
             lin.weight[2] *= 100  # one row of large weights: per row, the other rows keep theirs
+        return lin, x
+
+    @staticmethod
+    def grads(x, lin):
+        return [x.grad] + [None if p.grad is None else p.grad.clone() for p in (lin.weight, lin.bias)
+                           if p is not None] + ([None] if lin.bias is None else [])
+
+    def case(self, fmt, dtype, bias=True, x_grad=True, w_grad=True):
+        lin, x = self.inputs(fmt, dtype, bias)
+        lin.weight.requires_grad_(w_grad)
         xl = x.clone().requires_grad_(x_grad)
         y = pt.low_linear(xl, lin.weight, lin.bias, fmt)
-        want = F.linear(self.by_kernels(x, fmt, "tensor"), self.by_kernels(lin.weight, fmt, "row"), lin.bias)
+        xq = self.by_kernels(x, fmt, "tensor")
+        want = F.linear(xq, self.by_kernels(lin.weight, fmt, "row"), lin.bias)
         self.assertEqual(y.dtype, dtype)
         self.assertTrue(torch.equal(y, want), (fmt, dtype))
         self.assertFalse(torch.equal(y, F.linear(x, lin.weight, lin.bias)), "nothing was quantized")
         g = torch.randn(y.shape).to(dtype)
         y.backward(g)
-        low_grads = [xl.grad] + [p.grad.clone() for p in lin.parameters()]
-        lin.zero_grad()
-        xh = x.clone().requires_grad_(x_grad)
-        F.linear(xh, lin.weight, lin.bias).backward(g)
-        high_grads = [xh.grad] + [p.grad for p in lin.parameters()]
-        for got, exp in zip(low_grads, high_grads):
-            if exp is None:
-                self.assertIsNone(got)
+        got = self.grads(xl, lin)
+        # the backward's formulas, written out: g as rows [15, 10]; grad_x = g W with the
+        # full-precision W, grad_W = g^T dequant(Qx) (the input values the forward used),
+        # grad_b = the rows' sum, all in the model's dtype
+        g2 = g.reshape(-1, 10)
+        want = [torch.mm(g2, lin.weight.detach()).reshape(x.shape) if x_grad else None,
+                torch.mm(g2.t(), xq.reshape(-1, 24)) if w_grad else None,
+                g2.sum(0) if bias else None]
+        for name, a, b in zip(("x", "w", "b"), got, want):
+            if b is None:
+                self.assertIsNone(a, name)
             else:
-                self.assertTrue(torch.equal(got, exp), (fmt, dtype, bias, x_grad))
+                self.assertEqual(a.dtype, dtype)
+                self.assertTrue(torch.equal(a, b), (name, fmt, dtype, bias, x_grad, w_grad))
+        if w_grad:  # not the high op's weight gradient: that one has the unquantized input
+            self.assertFalse(torch.equal(got[1], torch.mm(g2.t(), x.reshape(-1, 24))))
 
-    def test_forward_is_f_linear_on_the_kernels_values_and_backward_the_high_ops(self):
+    def test_forward_is_f_linear_on_the_kernels_values_and_backward_the_stated_formulas(self):
         for fmt in ("int8", "fp8_e4m3"):
             for dtype in (torch.float32, torch.bfloat16):
                 self.case(fmt, dtype)
         self.case("int8", torch.float32, bias=False)
         self.case("fp8_e4m3", torch.float32, x_grad=False)
+        self.case("int8", torch.bfloat16, w_grad=False)
+
+    def test_autocast_state_of_the_forward_is_the_backwards(self):
+        lin, x = self.inputs("int8", torch.float32)
+        xq = self.by_kernels(x, "int8", "tensor")
+        wq = self.by_kernels(lin.weight, "int8", "row")
+        g = torch.randn(3, 5, 10)
+        g2 = g.reshape(-1, 10)
+        bf = torch.bfloat16
+        # forward under CPU bf16 autocast, backward called outside it: the backward runs in bf16
+        xl = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=bf):
+            y = pt.low_linear(xl, lin.weight, lin.bias, "int8")
+        self.assertEqual(y.dtype, bf)
+        self.assertTrue(torch.equal(y, F.linear(xq.to(bf), wq.to(bf), lin.bias.to(bf))))
+        y.backward(g.to(bf))
+        got = self.grads(xl, lin)
+        gb = g2.to(bf)
+        want = [torch.mm(gb, lin.weight.detach().to(bf)).float().reshape(x.shape),
+                torch.mm(gb.t(), xq.reshape(-1, 24).to(bf)).float(), gb.sum(0).float()]
+        for name, a, b in zip(("x", "w", "b"), got, want):
+            self.assertEqual(a.dtype, torch.float32)
+            self.assertTrue(torch.equal(a, b), name)
+        # (autocast off in backward, the old fault, gives other values)
+        self.assertFalse(torch.equal(got[0], torch.mm(gb.float(), lin.weight.detach()).reshape(x.shape)))
+        self.assertFalse(torch.equal(got[1], torch.mm(gb.float().t(), xq.reshape(-1, 24))))
+        # forward without autocast, backward called inside it: the backward stays in float32
+        lin.zero_grad()
+        xl = x.clone().requires_grad_(True)
+        y = pt.low_linear(xl, lin.weight, lin.bias, "int8")
+        with torch.autocast("cpu", dtype=bf):
+            y.backward(g)
+        got = self.grads(xl, lin)
+        want = [torch.mm(g2, lin.weight.detach()).reshape(x.shape), torch.mm(g2.t(), xq.reshape(-1, 24)), g2.sum(0)]
+        for name, a, b in zip(("x", "w", "b"), got, want):
+            self.assertTrue(torch.equal(a, b), name)
+
+    @staticmethod
+    def saved(fn, exclude):
+        """(dtype, numel) of every tensor the autograd graph of fn() saves, but views of `exclude`
+        (the weight, which the model keeps anyway)."""
+        out = []
+
+        def pack(t):
+            if t.data_ptr() != exclude.data_ptr():
+                out.append((t.dtype, t.numel(), t.numel() * t.element_size()))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = fn()
+        return y, out
+
+    def test_the_graph_saves_the_inputs_codes_and_scale_not_a_float_copy(self):
+        for fmt in ("int8", "fp8_e4m3"):
+            for dtype in (torch.float32, torch.bfloat16):
+                lin, x = self.inputs(fmt, dtype)
+                xl = x.clone().requires_grad_(True)
+                n = x.numel()  # 360
+                y, low = self.saved(lambda: pt.low_linear(xl, lin.weight, lin.bias, fmt), lin.weight)
+                self.assertEqual(sorted(low, key=str), sorted([(torch.uint8, n, n), (torch.float32, 1, 4)], key=str),
+                                 (fmt, dtype))
+                _, high = self.saved(lambda: F.linear(xl, lin.weight, lin.bias), lin.weight)
+                high_bytes = sum(b for _, _, b in high)
+                self.assertEqual(high_bytes, n * x.element_size(), (fmt, dtype, high))
+                # codes: a quarter of a float32 input's bytes, half of a bfloat16 one's (+ one scale)
+                self.assertEqual(sum(b for _, _, b in low), high_bytes // (x.element_size()) + 4)
+                y.sum().backward()  # what was saved is enough
+                self.assertIsNotNone(xl.grad)
+        # no weight gradient wanted: the codes are not kept at all
+        lin, x = self.inputs("int8", torch.float32)
+        lin.weight.requires_grad_(False)
+        _, low = self.saved(lambda: pt.low_linear(x.clone().requires_grad_(True), lin.weight, lin.bias, "int8"),
+                            lin.weight)
+        self.assertEqual(low, [])
 
     def test_weight_per_row_and_input_per_tensor(self):
         w = torch.tensor([[1.0, -2.0, 0.3], [100.0, 50.0, 7.0]])
@@ -356,6 +474,48 @@ class ComputePlans(unittest.TestCase):
         self.assertEqual(a.counters()["compute_low_block_steps"], 2 + 4)
         # unpatched: every Linear runs its class's forward again
         self.assertTrue(all("forward" not in m.__dict__ for m in blocks.modules()))
+        a.close()
+
+    def test_a_plan_read_again_for_the_same_map_is_applied(self):
+        # The client may read the plan of the map in use again (its file mapped late, the layout
+        # registered after a begin_step): the Linears follow the plan's content, not its version.
+        blocks = make_blocks()
+        c = RecordingClient([(0, 1, {}, None)])
+        a = attach(blocks, c)
+        x = torch.randn(4, 8)
+        seen = []
+        for step in range(7):
+            if step == 2:
+                c.plans = [(0, 1, {1: "int8"}, dict(self.PLAN, map_version=1))]
+            if step == 4:
+                c.plans = [(0, 1, {0: "fp8_e4m3", 1: "fp8_e4m3"}, dict(self.PLAN, map_version=1))]
+            if step == 6:
+                c.plans = [(0, 1, {}, None)]
+            self.assertEqual(a.begin_step(step), 1)
+            y = run(blocks, x)
+            with torch.no_grad():
+                fmt = c.compute_precisions()
+                want = x
+                for b, blk in enumerate(blocks):
+                    want = self.block_output(b, blk, want, fmt[b])
+            self.assertTrue(torch.equal(y, want), step)
+            a.end_step(step)
+            n = a.counters()
+            seen.append((step, n["compute_low_blocks"], n["plan_map_version"]))
+        self.assertEqual(seen, [(0, [], 0), (1, [], 0), (2, [1], 1), (3, [1], 1), (4, [0, 1], 1), (5, [0, 1], 1),
+                                (6, [], 0)])
+        self.assertEqual(a.counters()["compute_low_block_steps"], 2 * 1 + 2 * 2)
+        a.close()
+
+    def test_a_linear_called_with_a_keyword_input_runs_low(self):
+        torch.manual_seed(3)
+        blocks = torch.nn.ModuleList([ByKeyword()])
+        a = attach(blocks, RecordingClient([(0, 1, {0: "int8"}, self.PLAN)]))
+        a.begin_step(0)
+        x = torch.randn(5, 8)
+        fc = blocks[0].fc
+        self.assertTrue(torch.equal(blocks[0](x), pt.low_linear(x, fc.weight, fc.bias, "int8")))
+        self.assertFalse(torch.equal(blocks[0](x), F.linear(x, fc.weight, fc.bias)))
         a.close()
 
     @staticmethod
