@@ -60,6 +60,12 @@ typedef enum agent_drop {
 
 extern const char *const agent_drop_names[AGENT_DROPS];
 
+/* Why a compute plan that came with a map was not written to the plan file: its low format is
+ * not one the trainer runs (int8, fp8_e4m3), it is another device class's plan than this
+ * agent's profile's, or the plan file refused it. */
+enum { AGENT_PLAN_LOW_FORMAT, AGENT_PLAN_DEVICE_CLASS, AGENT_PLAN_FILE, AGENT_PLAN_IGNORED_REASONS };
+extern const char *const agent_plan_ignored_names[AGENT_PLAN_IGNORED_REASONS];
+
 /* Counters for /metrics: monotonic totals and gauges, relaxed atomics. */
 typedef struct agent_stats {
     _Atomic uint64_t upstream_connected;      /* gauge: a Welcome on the live stream */
@@ -85,7 +91,8 @@ typedef struct agent_stats {
     _Atomic uint64_t plan_map_version;        /* gauge: the map version of the plan last written (0: none) */
     _Atomic uint64_t plan_low_blocks;         /* gauge: blocks planned low in it */
     _Atomic uint64_t plans_written;           /* compute plans written to the plan file */
-    _Atomic uint64_t plans_refused;           /* compute plans not written (bad format, too many blocks) */
+    _Atomic uint64_t plans_ignored[AGENT_PLAN_IGNORED_REASONS]; /* compute plans not written, by reason */
+    _Atomic uint64_t plans_withdrawn;         /* plans of a held map cleared (its Welcome came without one) */
 } agent_stats;
 
 /* What the agent knows of its trainer, for /metrics: the hint table's trainer line as the

@@ -215,8 +215,8 @@ static const agent_option option_table[] = {
      "int8_ops_per_second, fp8_ops_per_second, quantize_cost and cast_cost ({fixed_seconds, "
      "seconds_per_byte}), h2d_bytes_per_second, as in PLAN.json's classes[].profile. A missing key "
      "is 0 (\"\" for device_name); a missing device_class is --device-class's, else derived from "
-     "device_name. Unknown keys, wrong types, negative or non-finite numbers: exit 2. --device and "
-     "--profile-budget-ms are then unused", 0, 0, 0},
+     "device_name. memory_bytes is an integer (a real only when whole and below 2^53). Unknown keys, "
+     "wrong types, negative or non-finite numbers: exit 2. --device and --profile-budget-ms are then unused", 0, 0, 0},
     {"log-level", "LEVEL", "info", set_log_level,
      "least severe log event written to stderr: debug, info, warn, error", 0, 0, 0},
     {"help", NULL, NULL, set_help, "print this help and exit", 0, 0, 0},
@@ -360,9 +360,11 @@ static int run(agent *a)
               a->profile.device_class, "name", a->profile.device_name, "file", o->profile_file ? o->profile_file : "",
               LOG_END);
 
-    /* The plan file before the hint table: a trainer that finds the table finds the plans too. */
+    /* The plan file before the hint table: a trainer that finds the table finds the plans too.
+     * Its name is the hint table's with PRISM_LOCAL_PLANS_SUFFIX (local.h), as the client
+     * derives it. */
     char plans_path[PATH_MAX];
-    snprintf(plans_path, sizeof plans_path, "%s/%s", o->dir, PRISM_LOCAL_PLANS_NAME);
+    snprintf(plans_path, sizeof plans_path, "%s/%s%s", o->dir, PRISM_LOCAL_HINTS_NAME, PRISM_LOCAL_PLANS_SUFFIX);
     if (prism_plans_create(&a->plans, plans_path, (uint32_t)o->max_blocks, &err)) {
         prism_log(PRISM_LOG_ERROR, "cannot open the plan file", "error", err.message, LOG_END);
         return 1;

@@ -206,8 +206,15 @@ static char *render(agent *a, size_t *len)
     one(f, "prism_agent_plan_low_blocks", "gauge", "blocks planned low in the compute plan last written",
         get(&s->plan_low_blocks));
     one(f, "prism_agent_plans_written_total", "counter", "compute plans written to the plan file", get(&s->plans_written));
-    one(f, "prism_agent_plans_ignored_total", "counter", "compute plans not written (a low format other than int8 or "
-        "fp8_e4m3, or the plan file refused them)", get(&s->plans_refused));
+    metric(f, "prism_agent_plans_ignored_total", "counter",
+           "compute plans not written, by reason (low_format: not int8 or fp8_e4m3; device_class: another class's "
+           "plan; file: the plan file refused it)");
+    for (int r = 0; r < AGENT_PLAN_IGNORED_REASONS; r++)
+        fprintf(f, "prism_agent_plans_ignored_total{reason=\"%s\"} %" PRIu64 "\n", agent_plan_ignored_names[r],
+                get(&s->plans_ignored[r]));
+    one(f, "prism_agent_plans_withdrawn_total", "counter",
+        "plans of the held map cleared from the plan file because prismd's Welcome repeated the map without one",
+        get(&s->plans_withdrawn));
     one(f, "prism_agent_trainer_map_version", "gauge", "map version the trainer says it uses",
         line.applied_version);
     one(f, "prism_agent_trainer_map_step", "gauge", "step the trainer started using it at", line.applied_step);

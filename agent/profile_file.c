@@ -42,9 +42,8 @@ static prism_status only_keys(const json_t *obj, const char *prefix, const char 
     return PRISM_OK;
 }
 
-/* obj[key], a finite number >= 0 (missing: 0); whole: also a whole number below 2^63. */
-static prism_status get_figure(const json_t *obj, const char *prefix, const char *key, bool whole, double *out,
-                               prism_error *err)
+/* obj[key], a finite number >= 0 (missing: 0). */
+static prism_status get_figure(const json_t *obj, const char *prefix, const char *key, double *out, prism_error *err)
 {
     *out = 0;
     const json_t *v = json_object_get(obj, key);
@@ -57,10 +56,39 @@ static prism_status get_figure(const json_t *obj, const char *prefix, const char
         return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %g is not finite", prefix, key, x);
     if (x < 0)
         return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %g is negative", prefix, key, x);
-    if (whole && (x != floor(x) || x >= 9223372036854775808.0))
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %g is not a whole number of bytes below 2^63", prefix,
-                               key, x);
     *out = x;
+    return PRISM_OK;
+}
+
+/* obj[key], a byte count (missing: 0), exactly: a JSON integer is taken as the integer it is
+ * (jansson's long long: any value up to 2^63 - 1; a larger one does not parse), never through a
+ * double; a JSON real must be a whole number below 2^53, where a double still holds every
+ * integer, so 1e9 reads as 1000000000 and nothing is rounded. Negative: refused. */
+static prism_status get_bytes(const json_t *obj, const char *key, uint64_t *out, prism_error *err)
+{
+    *out = 0;
+    const json_t *v = json_object_get(obj, key);
+    if (!v)
+        return PRISM_OK;
+    if (json_is_integer(v)) {
+        json_int_t n = json_integer_value(v);
+        if (n < 0)
+            return prism_error_set(err, PRISM_ERR_INVALID, "%s: %" JSON_INTEGER_FORMAT " is negative", key, n);
+        *out = (uint64_t)n;
+        return PRISM_OK;
+    }
+    if (!json_is_real(v))
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected a number, got %s", key, kind_of(v));
+    double x = json_real_value(v);
+    if (!isfinite(x))
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: %g is not finite", key, x);
+    if (x < 0)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: %g is negative", key, x);
+    if (x != floor(x) || x >= 9007199254740992.0)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "%s: %g is not a whole number of bytes below 2^53 (write a larger count as an integer)",
+                               key, x);
+    *out = (uint64_t)x;
     return PRISM_OK;
 }
 
@@ -96,9 +124,9 @@ static prism_status get_cost(const json_t *obj, const char *key, prism_linear_co
     static const char *const keys[] = {"fixed_seconds", "seconds_per_byte", NULL};
     prism_status s = only_keys(v, prefix, keys, err);
     if (!s)
-        s = get_figure(v, prefix, "fixed_seconds", false, &out->fixed_seconds, err);
+        s = get_figure(v, prefix, "fixed_seconds", &out->fixed_seconds, err);
     if (!s)
-        s = get_figure(v, prefix, "seconds_per_byte", false, &out->seconds_per_byte, err);
+        s = get_figure(v, prefix, "seconds_per_byte", &out->seconds_per_byte, err);
     return s;
 }
 
@@ -129,7 +157,6 @@ prism_status prism_profile_read_file(const char *path, const char *device_class,
                                        "fp16_ops_per_second", "int8_ops_per_second", "fp8_ops_per_second",
                                        "quantize_cost", "cast_cost", "h2d_bytes_per_second", NULL};
     bool class_given = false, name_given = false;
-    double memory = 0;
     if (!json_is_object(root))
         s = prism_error_set(err, PRISM_ERR_INVALID, "the file: expected an object, got %s", kind_of(root));
     if (!s)
@@ -142,25 +169,24 @@ prism_status prism_profile_read_file(const char *path, const char *device_class,
     if (!s)
         s = get_text(root, "device_name", p.device_name, sizeof p.device_name, &name_given, err);
     if (!s)
-        s = get_figure(root, "", "memory_bytes", true, &memory, err);
+        s = get_bytes(root, "memory_bytes", &p.memory_bytes, err);
     if (!s)
-        s = get_figure(root, "", "bf16_ops_per_second", false, &p.bf16_ops_per_second, err);
+        s = get_figure(root, "", "bf16_ops_per_second", &p.bf16_ops_per_second, err);
     if (!s)
-        s = get_figure(root, "", "fp16_ops_per_second", false, &p.fp16_ops_per_second, err);
+        s = get_figure(root, "", "fp16_ops_per_second", &p.fp16_ops_per_second, err);
     if (!s)
-        s = get_figure(root, "", "int8_ops_per_second", false, &p.int8_ops_per_second, err);
+        s = get_figure(root, "", "int8_ops_per_second", &p.int8_ops_per_second, err);
     if (!s)
-        s = get_figure(root, "", "fp8_ops_per_second", false, &p.fp8_ops_per_second, err);
+        s = get_figure(root, "", "fp8_ops_per_second", &p.fp8_ops_per_second, err);
     if (!s)
         s = get_cost(root, "quantize_cost", &p.quantize_cost, err);
     if (!s)
         s = get_cost(root, "cast_cost", &p.cast_cost, err);
     if (!s)
-        s = get_figure(root, "", "h2d_bytes_per_second", false, &p.h2d_bytes_per_second, err);
+        s = get_figure(root, "", "h2d_bytes_per_second", &p.h2d_bytes_per_second, err);
     json_decref(root);
     if (s)
         return s;
-    p.memory_bytes = (uint64_t)memory;
     if (!class_given) {
         if (device_class && device_class[0])
             snprintf(p.device_class, sizeof p.device_class, "%s", device_class);

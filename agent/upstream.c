@@ -96,6 +96,7 @@ struct upstream {
 };
 
 const char *const agent_drop_names[AGENT_DROPS] = {"disconnected", "queue_full", "inbox_full"};
+const char *const agent_plan_ignored_names[AGENT_PLAN_IGNORED_REASONS] = {"low_format", "device_class", "file"};
 
 static int64_t now_ms(void)
 {
@@ -328,18 +329,29 @@ static void publish(upstream *u, uint64_t decided, uint64_t effective)
 }
 
 /* Writes the compute plan that came with map p->map_version into the plan file (plans.h), before
- * the map goes into the hint table, so that a trainer that sees the map finds its plan. A plan
- * whose low format is not INT8 or FP8_E4M3 is not written (no plan: every block high), logged
- * and counted; low block ids past --max-blocks are left out (high) and counted like the map's. */
+ * the map goes into the hint table, so that a trainer that sees the map finds its plan. The slot
+ * it takes keeps the plan of every map the hint table holds (the applied one and those waiting
+ * for their effective step), so no plan of a map about to take effect is evicted. Not written
+ * (no plan: every block high), logged and counted by reason: a plan for another device class
+ * than this agent's profile's (prismd sends each class its own), a low format other than INT8
+ * or FP8_E4M3, a plan the file refuses. Low block ids past --max-blocks are left out (high) and
+ * counted like the map's. */
 static void write_plan(upstream *u, const Prism__V1__PrecisionUpdate *p)
 {
     agent *a = u->a;
     const Prism__V1__ComputePlan *cp = p->compute_plan;
     char version[24];
     snprintf(version, sizeof version, "%" PRIu64, p->map_version);
+    const char *plan_class = cp->device_class ? cp->device_class : "";
+    if (strcmp(plan_class, a->profile.device_class) != 0) {
+        atomic_fetch_add_explicit(&a->stats.plans_ignored[AGENT_PLAN_DEVICE_CLASS], 1, memory_order_relaxed);
+        prism_log(PRISM_LOG_WARN, "compute plan ignored: it is another device class's", "version", version,
+                  "plan_class", plan_class, "agent_class", a->profile.device_class, LOG_END);
+        return;
+    }
     if (cp->low_format != PRISM__V1__PRECISION__INT8 &&
         cp->low_format != PRISM__V1__PRECISION__FP8_E4M3) {
-        atomic_fetch_add_explicit(&a->stats.plans_refused, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->stats.plans_ignored[AGENT_PLAN_LOW_FORMAT], 1, memory_order_relaxed);
         char fmt[16];
         snprintf(fmt, sizeof fmt, "%d", (int)cp->low_format);
         prism_log(PRISM_LOG_WARN, "compute plan ignored: its low format is not int8 or fp8_e4m3", "version", version,
@@ -366,11 +378,11 @@ static void write_plan(upstream *u, const Prism__V1__PrecisionUpdate *p)
     e.predicted_iteration_seconds = cp->predicted_iteration_seconds;
     e.compute_seconds = cp->compute_seconds;
     snprintf(e.device_class, sizeof e.device_class, "%s", cp->device_class ? cp->device_class : "");
-    uint64_t applied = 0;
-    prism_hints_read_applied(&a->hints, &applied, NULL);
+    uint64_t keep[PRISM_HINTS_SLOTS];
+    unsigned n_keep = prism_hints_held_versions(&a->hints, keep);
     prism_error err;
-    if (prism_plans_publish(&a->plans, &e, u->plan, n, applied, &err)) {
-        atomic_fetch_add_explicit(&a->stats.plans_refused, 1, memory_order_relaxed);
+    if (prism_plans_publish(&a->plans, &e, u->plan, n, keep, n_keep, &err)) {
+        atomic_fetch_add_explicit(&a->stats.plans_ignored[AGENT_PLAN_FILE], 1, memory_order_relaxed);
         prism_log(PRISM_LOG_ERROR, "cannot write the compute plan", "version", version, "error", err.message, LOG_END);
         return;
     }
@@ -382,8 +394,27 @@ static void write_plan(upstream *u, const Prism__V1__PrecisionUpdate *p)
     atomic_fetch_add_explicit(&a->stats.plans_written, 1, memory_order_relaxed);
     char low_text[24];
     snprintf(low_text, sizeof low_text, "%" PRIu64, low);
-    prism_log(PRISM_LOG_INFO, "compute plan written", "version", version, "class",
-              cp->device_class ? cp->device_class : "", "low_blocks", low_text, LOG_END);
+    prism_log(PRISM_LOG_INFO, "compute plan written", "version", version, "class", plan_class, "low_blocks",
+              low_text, LOG_END);
+}
+
+/* Withdraws the plan the file holds for the held map `version` (prismd's Welcome repeated that
+ * map without a plan: it has none now). The trainer notices the write (plans.h: seq) and reads
+ * the plan of its map again: every block high. The gauges stop naming a plan that is gone. */
+static void withdraw_plan(upstream *u, uint64_t version)
+{
+    agent *a = u->a;
+    if (!prism_plans_clear(&a->plans, version))
+        return;
+    atomic_fetch_add_explicit(&a->stats.plans_withdrawn, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&a->stats.plan_map_version, memory_order_relaxed) == version) {
+        atomic_store_explicit(&a->stats.plan_map_version, 0, memory_order_relaxed);
+        atomic_store_explicit(&a->stats.plan_low_blocks, 0, memory_order_relaxed);
+    }
+    char text[24];
+    snprintf(text, sizeof text, "%" PRIu64, version);
+    prism_log(PRISM_LOG_INFO, "compute plan withdrawn: prismd repeated the held map without one", "version", text,
+              LOG_END);
 }
 
 /* Whether the plan file has a plan for map `version` (the agent reads its own mapping). */
@@ -403,10 +434,17 @@ static bool apply_update(upstream *u, const Prism__V1__PrecisionUpdate *p, bool 
         /* Already held: a Welcome after a reconnect repeats the current map. A Welcome with an
          * older version means prismd lost its store; the table only moves forward, so the last
          * map stays until prismd's versions pass it. The held map's plan is written when the
-         * plan file lacks it (a file this agent had to replace): a trainer that remaps the new
-         * file reads it again. */
-        if (p->map_version == u->map_version && p->compute_plan && !plan_held(u, p->map_version))
-            write_plan(u, p);
+         * plan file lacks it (a file this agent had to replace, or one that appeared after the
+         * trainer started: the trainer maps it within a reconnect interval and reads the plan
+         * of the map in use); a Welcome that repeats the held map without a plan withdraws the
+         * one the file holds for it. Either write moves the file's seq, so the trainer reads
+         * the plan of its map again at its next begin_step. */
+        if (p->map_version == u->map_version && p->map_version != 0) {
+            if (p->compute_plan && !plan_held(u, p->map_version))
+                write_plan(u, p);
+            else if (!p->compute_plan && full)
+                withdraw_plan(u, p->map_version);
+        }
         if (full && p->map_version < u->map_version) {
             char held[24], got[24];
             snprintf(held, sizeof held, "%" PRIu64, u->map_version);
@@ -877,9 +915,10 @@ prism_status agent_upstream_start(agent *a, pthread_t *thread, prism_error *err)
 {
     upstream *u = calloc(1, sizeof *u);
     if (!u || !(u->map = malloc(a->opts.max_blocks)) || !(u->plan = malloc(a->opts.max_blocks))) {
-        if (u)
+        if (u) {
             free(u->map);
-        free(u->plan);
+            free(u->plan);
+        }
         free(u);
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory for the map");
     }

@@ -90,7 +90,8 @@ struct prism_client {
     /* the plan file and the compute plan that came with the map in use */
     prism_plans plans;
     uint64_t next_plans_ms;    /* no attempt to map the plan file before this */
-    bool plan_stale;           /* read the plan of the map in use again (new room or a new file) */
+    uint64_t plans_seq;        /* the plan file's seq when the plan in use was read (plans.h) */
+    bool plan_stale;           /* read the plan of the map in use again (new room, a new file, a write) */
     uint8_t *cprec;            /* n_blocks compute formats: 0 high, else the low precision */
     uint8_t *cprec_next;
     prism_client_plan plan;
@@ -328,18 +329,39 @@ static bool open_hints(prism_client *c)
 }
 
 /* Maps the plan file if it is there (an agent built before plans makes none: then every block
- * runs high); false when it is not, and the next attempt waits a reconnect interval. Not counted
- * as a hint table failure: its absence is normal with an older agent. A newly mapped file makes
- * the plan of the map in use worth reading again. */
+ * runs high); false when it is not, and the next attempt waits a reconnect interval. A missing
+ * file is not counted: its absence is normal with an older agent. Any other failure (a file of
+ * another layout version, size or kind, a permission) is counted in hint_open_failures and
+ * recorded as the last error. A newly mapped file makes the plan of the map in use worth reading
+ * again. */
 static bool open_plans(prism_client *c)
 {
     prism_error e;
-    if (prism_plans_open(&c->plans, c->plans_path, &e) != PRISM_OK) {
+    prism_status s = prism_plans_open(&c->plans, c->plans_path, &e);
+    if (s != PRISM_OK) {
         c->next_plans_ms = now_ms() + c->interval_ms;
+        if (s != PRISM_ERR_NOT_FOUND) {
+            c->n.hint_open_failures++;
+            note_failure(c, "plan file: %s", e.message);
+        }
         return false;
     }
     c->plan_stale = true;
     return true;
+}
+
+/* At begin_step, with the hint table mapped: a plan file not mapped yet (an agent upgraded from
+ * one without plans while the trainer runs) is tried again once per reconnect interval; a mapped
+ * one is looked at with one atomic load (no system call), and a write since the plan in use was
+ * read (a plan rewritten or withdrawn for the map in use) makes it worth reading again. */
+static void poll_plans(prism_client *c)
+{
+    if (c->plans.h) {
+        if (prism_plans_seq(&c->plans) != c->plans_seq)
+            c->plan_stale = true;
+    } else if (now_ms() >= c->next_plans_ms) {
+        open_plans(c);
+    }
 }
 
 /* At a new connection: a restarted agent may have replaced the hint table or the plan file (a
@@ -562,13 +584,13 @@ prism_status prism_client_open(const prism_client_options *o, prism_client **out
         return prism_error_set(err, PRISM_ERR_NOMEM, "client paths");
     }
     snprintf(c->hints_path, hints_len, "%s/%s", dir, hints_name);
-    size_t plans_len = strlen(dir) + 1 + strlen(PRISM_LOCAL_PLANS_NAME) + 1;
+    size_t plans_len = hints_len + strlen(PRISM_LOCAL_PLANS_SUFFIX);
     c->plans_path = malloc(plans_len);
     if (!c->plans_path) {
         prism_client_close(c);
         return prism_error_set(err, PRISM_ERR_NOMEM, "client paths");
     }
-    snprintf(c->plans_path, plans_len, "%s/%s", dir, PRISM_LOCAL_PLANS_NAME);
+    snprintf(c->plans_path, plans_len, "%s/%s%s", dir, hints_name, PRISM_LOCAL_PLANS_SUFFIX);
     c->plans.fd = -1;
     c->opened_ns = prism_totals_now_ns();
     /* The plan file first: an agent creates it before the hint table, so a trainer that finds
@@ -754,10 +776,12 @@ static bool read_plan(prism_client *c, uint64_t version, prism_client_plan *plan
         open_plans(c);
     prism_plans_entry e;
     prism_plans_found found = PRISM_PLANS_NONE;
+    uint64_t seq = prism_plans_seq(&c->plans); /* before the read: a write during it reads again */
     if (c->plans.h && version != 0)
         found = prism_plans_read(&c->plans, version, &e, c->cprec_next, cap, HINT_READ_TRIES);
     if (found == PRISM_PLANS_INCONSISTENT)
         return false;
+    c->plans_seq = seq;
     if (found == PRISM_PLANS_NONE) {
         if (cap > 0)
             memset(c->cprec_next, 0, cap);
@@ -1180,6 +1204,7 @@ uint64_t prism_client_begin_step(prism_client *c, uint64_t step)
         if (!c->plans.h)
             open_plans(c); /* the agent made it before the table */
     }
+    poll_plans(c);
     uint64_t version = read_map(c, step, had_step ? &prev : NULL);
     publish_line(c);
     return version;

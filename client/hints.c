@@ -309,6 +309,17 @@ bool prism_hints_read_applied(const prism_hints *t, uint64_t *map_version, uint6
     return true;
 }
 
+unsigned prism_hints_held_versions(const prism_hints *t, uint64_t out[PRISM_HINTS_SLOTS])
+{
+    unsigned n = 0;
+    if (!t || !t->h)
+        return 0;
+    for (unsigned i = 0; i < PRISM_HINTS_SLOTS; i++)
+        if (t->h->slots[i].map_version != 0)
+            out[n++] = t->h->slots[i].map_version;
+    return n;
+}
+
 /* The slot rule of hints.h: an empty slot, else the lowest version that is neither applied nor
  * the newest. Without a consistent applied version (the trainer died mid-write) the slot in
  * effect at the trainer's last known step is unknown; the second newest is then kept too, which

@@ -212,6 +212,11 @@ prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint6
                                      uint64_t effective_step, const uint8_t *precisions, uint32_t n_blocks,
                                      prism_error *err);
 
+/* The versions of the maps the table holds (its one writer reads its own slots: no seqlock), at
+ * most PRISM_HINTS_SLOTS, into out; returns how many (empty slots are left out). The agent keeps
+ * these maps' compute plans (plans.h's slot rule). */
+unsigned prism_hints_held_versions(const prism_hints *t, uint64_t out[PRISM_HINTS_SLOTS]);
+
 /* Agent-written scalar fields, each under the seqlock. */
 void prism_hints_set_status(prism_hints *t, bool upstream_connected, bool calibration_needed,
                             bool run_calibration, uint32_t calibration_samples, prism_precision low_precision);

@@ -22,10 +22,13 @@
 /* Default socket name, and the hint table's name beside it, in the shared directory. */
 #define PRISM_LOCAL_SOCKET_NAME "prism-agent.sock"
 #define PRISM_LOCAL_HINTS_NAME "prism-hints"
-/* The plan file (plans.h) in the same directory: the compute plan that came with each map. The
- * name is fixed (prism_client_options has no field for it): a trainer looks for it there whatever
- * its hint table is called. */
-#define PRISM_LOCAL_PLANS_NAME "prism-plans"
+/* The plan file (plans.h) in the same directory: the compute plan that came with each map. Its
+ * name is the hint table's followed by PRISM_LOCAL_PLANS_SUFFIX, on both sides: a trainer whose
+ * hint table is "NAME" (prism_client_options.hints_name) looks for "NAME.plans", so two agents
+ * that share a directory under two hint table names have two plan files. The default is the
+ * default hint table's: "prism-hints.plans". */
+#define PRISM_LOCAL_PLANS_SUFFIX ".plans"
+#define PRISM_LOCAL_PLANS_NAME PRISM_LOCAL_HINTS_NAME PRISM_LOCAL_PLANS_SUFFIX
 
 static inline void prism_local_put_len(uint8_t out[PRISM_LOCAL_FRAME_HEADER], uint32_t len)
 {

@@ -189,6 +189,13 @@ prism_status prism_plans_open(prism_plans *t, const char *path, prism_error *err
     return open_existing(t, path, 0, false, err);
 }
 
+uint64_t prism_plans_seq(const prism_plans *t)
+{
+    if (!t || !t->h)
+        return 0;
+    return atomic_load_explicit((_Atomic uint64_t *)&t->h->seq, memory_order_acquire);
+}
+
 bool prism_plans_replaced(const prism_plans *t, const char *path)
 {
     if (!t || !t->h || !path)
@@ -213,28 +220,31 @@ void prism_plans_close(prism_plans *t)
 
 /* ---- the agent's side --------------------------------------------------------------------- */
 
-/* The slot rule of plans.h. With four slots and at most two kept (the applied version's and the
- * newest), there is always one to write. */
-static unsigned choose_slot(const prism_plans *t, uint64_t version, uint64_t keep_version)
+/* The slot rule of plans.h: the version's own slot, else an empty one, else the lowest version
+ * among the slots not protected. A kept version protects the first slot holding it only, so
+ * n_keep < PRISM_PLANS_SLOTS always leaves a slot to write. */
+static unsigned choose_slot(const prism_plans *t, uint64_t version, const uint64_t *keep, unsigned n_keep)
 {
     const prism_plans_slot *slots = t->h->slots;
     for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++)
         if (slots[i].map_version == version)
             return i;
-    unsigned newest = 0;
-    for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++) {
+    for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++)
         if (slots[i].map_version == 0)
             return i;
-        if (slots[i].map_version > slots[newest].map_version)
-            newest = i;
+    bool kept[PRISM_PLANS_SLOTS] = {false};
+    for (unsigned k = 0; k < n_keep; k++) {
+        if (keep[k] == 0)
+            continue;
+        for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++)
+            if (slots[i].map_version == keep[k]) {
+                kept[i] = true;
+                break;
+            }
     }
-    unsigned kept = PRISM_PLANS_SLOTS;
-    for (unsigned i = 0; i < PRISM_PLANS_SLOTS && kept == PRISM_PLANS_SLOTS; i++)
-        if (i != newest && keep_version && slots[i].map_version == keep_version)
-            kept = i;
     unsigned best = PRISM_PLANS_SLOTS;
     for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++) {
-        if (i == newest || i == kept)
+        if (kept[i])
             continue;
         if (best == PRISM_PLANS_SLOTS || slots[i].map_version < slots[best].map_version)
             best = i;
@@ -248,7 +258,7 @@ static bool low_precision_ok(uint32_t p)
 }
 
 prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry, const uint8_t *blocks,
-                                 uint32_t n_blocks, uint64_t keep_version, prism_error *err)
+                                 uint32_t n_blocks, const uint64_t *keep, unsigned n_keep, prism_error *err)
 {
     if (!t || !t->h)
         return prism_error_set(err, PRISM_ERR_STATE, "prism_plans_publish: the file is not open");
@@ -264,6 +274,9 @@ prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry,
         return prism_error_set(err, PRISM_ERR_INVALID, "blocks: NULL with n_blocks %u", n_blocks);
     if (!low_precision_ok(entry->low_format))
         return prism_error_set(err, PRISM_ERR_INVALID, "low_format: %u is not a low precision", entry->low_format);
+    if (n_keep >= PRISM_PLANS_SLOTS || (n_keep > 0 && !keep))
+        return prism_error_set(err, PRISM_ERR_INVALID, "keep: %u versions kept, at most %u (and not NULL)", n_keep,
+                               PRISM_PLANS_SLOTS - 1);
     uint32_t low = 0;
     for (uint32_t i = 0; i < n_blocks; i++) {
         if (blocks[i] != 0 && !low_precision_ok(blocks[i]))
@@ -271,7 +284,7 @@ prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry,
                                    blocks[i]);
         low += blocks[i] != 0;
     }
-    unsigned slot = choose_slot(t, entry->map_version, keep_version);
+    unsigned slot = choose_slot(t, entry->map_version, keep, n_keep);
     prism_plans_slot *sl = &h->slots[slot];
     uint8_t *bytes = slot_blocks(t, slot);
     write_begin(&h->seq);
@@ -295,6 +308,30 @@ prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry,
     sl->map_version = entry->map_version;
     write_end(&h->seq);
     return PRISM_OK;
+}
+
+bool prism_plans_clear(prism_plans *t, uint64_t map_version)
+{
+    if (!t || !t->h || map_version == 0)
+        return false;
+    prism_plans_header *h = t->h;
+    bool held = false;
+    for (unsigned i = 0; i < PRISM_PLANS_SLOTS && !held; i++)
+        held = h->slots[i].map_version == map_version;
+    if (!held)
+        return false;
+    write_begin(&h->seq);
+    for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++) {
+        if (h->slots[i].map_version != map_version)
+            continue;
+        h->slots[i].map_version = 0; /* first, as in publish: the slot is empty from here on */
+        atomic_signal_fence(memory_order_seq_cst);
+        memset(slot_blocks(t, i), 0, h->max_blocks);
+        h->slots[i].n_blocks = 0;
+        h->slots[i].low_blocks = 0;
+    }
+    write_end(&h->seq);
+    return true;
 }
 
 /* ---- the trainer's side ------------------------------------------------------------------- */

@@ -1,6 +1,7 @@
 /* The shared-memory plan file (DESIGN 11, issue 15 item 4): the compute plan that came with each
  * map, from the agent to its trainer. It lies beside the hint table (hints.h) in the directory
- * they share, named PRISM_LOCAL_PLANS_NAME, so that the hint table's layout, and the trainers and
+ * they share, named after the hint table: "<hint table's name>.plans" (PRISM_LOCAL_PLANS_SUFFIX;
+ * PRISM_LOCAL_PLANS_NAME by default), so that the hint table's layout, and the trainers and
  * agents built before plans, are untouched: an older trainer never opens this file, and a trainer
  * of this build with an older agent finds no file and runs every block high.
  *
@@ -22,8 +23,15 @@
  * leaves an empty slot, never a torn plan under a version.
  *
  * Slot rule: the slot that already holds the version, else an empty one, else the slot with the
- * lowest version that is neither the version the trainer applied (the caller passes the hint
- * table's applied_version) nor the newest.
+ * lowest version among those the caller does not keep. The agent keeps every version its hint
+ * table holds (prism_hints_held_versions): the map the trainer applied and every map still
+ * waiting for its effective step, so the plan of a map about to take effect is never evicted,
+ * not even while the plan of the next map is written before that map goes into the table. With
+ * PRISM_PLANS_SLOTS = PRISM_HINTS_SLOTS + 1 there is always a slot to write.
+ *
+ * Changes: `seq` moves with every write, so a reader that remembers it at its last read
+ * (prism_plans_seq) knows, with one atomic load, that a plan may have changed under a version it
+ * already read (a plan rewritten or withdrawn for the map in use) and reads it again.
  *
  * The file outlives the agent: a restarted agent keeps one of the same magic, layout version and
  * max_blocks (fail-static, with the hint table's maps), makes an odd `seq` even and bumps
@@ -32,6 +40,7 @@
 #ifndef PRISM_CLIENT_PLANS_H
 #define PRISM_CLIENT_PLANS_H
 
+#include "hints.h"
 #include "prism/common.h"
 
 #include <stdatomic.h>
@@ -40,8 +49,8 @@
 #include <stdint.h>
 
 #define PRISM_PLANS_MAGIC 0x314e4c5053495250ull /* "PRISPLN1" */
-#define PRISM_PLANS_LAYOUT_VERSION 1u
-#define PRISM_PLANS_SLOTS 4
+#define PRISM_PLANS_LAYOUT_VERSION 2u /* 1: four slots (a build that never shipped) */
+#define PRISM_PLANS_SLOTS (PRISM_HINTS_SLOTS + 1) /* every map the hint table holds, and one more */
 #define PRISM_PLANS_HEADER_BYTES 1024
 #define PRISM_PLANS_MAX_BLOCKS_LIMIT (1u << 20)
 #define PRISM_PLANS_CLASS_BYTES 128 /* device_class, NUL-terminated, truncated to fit */
@@ -69,7 +78,7 @@ typedef struct prism_plans_header {
     _Alignas(64) prism_plans_slot slots[PRISM_PLANS_SLOTS];
 } prism_plans_header;
 
-/* The layout of version 1, pinned: tests and other readers rely on these offsets. */
+/* The layout of version 2, pinned: tests and other readers rely on these offsets. */
 _Static_assert(sizeof(prism_plans_slot) == 168 && offsetof(prism_plans_slot, low_format) == 12 &&
                    offsetof(prism_plans_slot, predicted_iteration_seconds) == 24 &&
                    offsetof(prism_plans_slot, device_class) == 40,
@@ -77,7 +86,7 @@ _Static_assert(sizeof(prism_plans_slot) == 168 && offsetof(prism_plans_slot, low
 _Static_assert(offsetof(prism_plans_header, max_blocks) == 12 && offsetof(prism_plans_header, file_bytes) == 16 &&
                    offsetof(prism_plans_header, generation) == 24 && offsetof(prism_plans_header, seq) == 64 &&
                    offsetof(prism_plans_header, agent_pid) == 72 && offsetof(prism_plans_header, slots) == 128 &&
-                   sizeof(prism_plans_header) == 832,
+                   PRISM_PLANS_SLOTS == 5 && sizeof(prism_plans_header) == 1024,
                "the plan file header's layout");
 _Static_assert(sizeof(prism_plans_header) <= PRISM_PLANS_HEADER_BYTES, "plan file header too big");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "plan file seqlocks need lock-free 64-bit atomics");
@@ -103,11 +112,18 @@ prism_status prism_plans_create(prism_plans *t, const char *path, uint32_t max_b
 
 /* Writes the plan of entry->map_version (> 0): entry's figures (its n_blocks and low_blocks are
  * taken from `blocks`: n_blocks bytes, 0 high, else a low prism_precision) into a slot chosen by
- * the slot rule, keep_version being the trainer's applied map version (0: none), under the
- * seqlock. n_blocks above max_blocks is PRISM_ERR_LIMIT, a byte or low_format that is not a
- * precision, or map_version 0, PRISM_ERR_INVALID; nothing is written then. */
+ * the slot rule, keep[0 .. n_keep) being the versions whose plans must stay (the agent passes
+ * the versions its hint table holds; 0s are ignored; a version several slots hold protects only
+ * the first), under the seqlock. n_blocks above max_blocks is PRISM_ERR_LIMIT; a byte or
+ * low_format that is not a precision, map_version 0, or n_keep >= PRISM_PLANS_SLOTS (nothing
+ * could be evicted) PRISM_ERR_INVALID; nothing is written then. */
 prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry, const uint8_t *blocks,
-                                 uint32_t n_blocks, uint64_t keep_version, prism_error *err);
+                                 uint32_t n_blocks, const uint64_t *keep, unsigned n_keep, prism_error *err);
+
+/* Withdraws the plan of map_version (> 0), under the seqlock: its slot is emptied, so a reader
+ * finds no plan (every block high) for that version. True when a slot held it; false (nothing
+ * written) when none did or the file is not open. */
+bool prism_plans_clear(prism_plans *t, uint64_t map_version);
 
 /* ---- the trainer's side ---- */
 
@@ -127,6 +143,11 @@ typedef enum prism_plans_found {
  * counts as 1), never waits, makes no system call. */
 prism_plans_found prism_plans_read(const prism_plans *t, uint64_t map_version, prism_plans_entry *entry,
                                    uint8_t *out, uint32_t cap, unsigned tries);
+
+/* The writer's seqlock word (one atomic load with acquire, no system call; 0 when t is not
+ * mapped). It changes with every write: a reader that read a plan when it was S and finds it
+ * unchanged knows no plan changed since. */
+uint64_t prism_plans_seq(const prism_plans *t);
 
 /* True when path no longer names the file t has mapped (the agent replaced it, or it is gone).
  * One stat(2); for the reconnect path, not for every step. */

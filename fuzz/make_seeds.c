@@ -364,7 +364,7 @@ static void plans_seeds(const char *dir)
         exit(1);
     }
     char path[128];
-    snprintf(path, sizeof path, "%s/prism-plans", tmp);
+    snprintf(path, sizeof path, "%s/prism-hints.plans", tmp);
     prism_plans t;
     prism_error err;
     if (prism_plans_create(&t, path, 8, &err) != PRISM_OK) {
@@ -380,14 +380,15 @@ static void plans_seeds(const char *dir)
     e.predicted_iteration_seconds = 0.25;
     e.compute_seconds = 0.2;
     snprintf(e.device_class, sizeof e.device_class, "t4-16gb");
-    if (prism_plans_publish(&t, &e, low, 8, 0, &err)) {
+    if (prism_plans_publish(&t, &e, low, 8, NULL, 0, &err)) {
         fprintf(stderr, "%s\n", err.message);
         exit(1);
     }
     e.map_version = 3;
     e.low_format = PRISM_PRECISION_FP8_E4M3;
     low[1] = low[2] = low[6] = 2;
-    if (prism_plans_publish(&t, &e, low, 5, 1, &err)) {
+    static const uint64_t keep[1] = {1};
+    if (prism_plans_publish(&t, &e, low, 5, keep, 1, &err)) {
         fprintf(stderr, "%s\n", err.message);
         exit(1);
     }

@@ -32,7 +32,7 @@ static void write_file(const uint8_t *data, size_t size)
         snprintf(dir, sizeof dir, "%s/prism-fuzz-plans-XXXXXX",
                  stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp");
         FUZZ_CHECK(mkdtemp(dir) != NULL);
-        snprintf(path, sizeof path, "%s/prism-plans", dir);
+        snprintf(path, sizeof path, "%s/prism-hints.plans", dir);
         atexit(remove_dir);
     }
     unlink(path);
@@ -114,8 +114,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     e.low_format = PRISM_PRECISION_FP8_E4M3;
     e.predicted_iteration_seconds = 0.5;
     snprintf(e.device_class, sizeof e.device_class, "fuzz");
-    /* The applied version of a corrupt hint table may be anything: keep one a slot may hold. */
-    FUZZ_CHECK(prism_plans_publish(&agent, &e, blocks, n, agent.h->slots[0].map_version, &err) == PRISM_OK);
+    /* The versions a corrupt hint table holds may be anything: keep as many as the agent may
+     * (PRISM_HINTS_SLOTS), taken from the slots themselves, duplicates and zeros included. */
+    uint64_t keep[PRISM_HINTS_SLOTS];
+    for (unsigned i = 0; i < PRISM_HINTS_SLOTS; i++)
+        keep[i] = agent.h->slots[i].map_version;
+    FUZZ_CHECK(prism_plans_publish(&agent, &e, blocks, n, keep, PRISM_HINTS_SLOTS, &err) == PRISM_OK);
     prism_plans trainer;
     FUZZ_CHECK(prism_plans_open(&trainer, path, &err) == PRISM_OK);
     prism_plans_entry got;

@@ -264,8 +264,12 @@ typedef struct prism_client_counters {
     uint64_t connect_failures;      /* connection attempts that failed (no agent yet, agent gone) */
     uint64_t disconnects;           /* connections lost */
     uint64_t hint_reads;            /* consistent hint table reads */
-    uint64_t hint_read_failures;    /* begin_step calls that got no consistent read in their tries */
-    uint64_t hint_open_failures;    /* attempts to map the hint table that failed */
+    uint64_t hint_read_failures;    /* begin_step calls that got no consistent read in their tries: of the hint
+                                     * table, or of the plan file caught mid-write when the map or plan in use
+                                     * was to change (map and plan then wait together for the next step) */
+    uint64_t hint_open_failures;    /* attempts to map the hint table that failed, and attempts to map a plan
+                                     * file that is there but cannot be used (another layout version, size or
+                                     * kind; a missing plan file is not counted: older agents make none) */
     uint64_t hint_remaps;           /* the table was replaced by the agent and mapped again */
     uint64_t invalid_calls;         /* calls refused for their arguments or the client's state */
     uint64_t late_switches;         /* maps first used at a step after an earlier begin_step had

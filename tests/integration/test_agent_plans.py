@@ -5,12 +5,14 @@
   `prism-agent: --profile-file FILE: KEY: PROBLEM` (line and column for JSON that does not parse);
   a good file is the DeviceProfile of the agent's Hello exactly (missing keys 0, the class from
   --device-class when the file has none), and reaches a real prismd's GET /v1/jobs/{job}/ranks
-  unchanged.
+  unchanged; memory_bytes is taken exactly (2^63 - 1, 2^53 + 1).
 - Compute plans: a fake prismd (Python grpcio, the PolicyService Connect stream) sends maps with
   and without a ComputePlan to a real prism-agent; a real libprism client (ctypes on
   libprism.so, the C API of include/prism/client.h) sees each plan exactly from its map's
   effective step, a map without a plan runs every block high, a plan in a format the agent does
-  not take is ignored and counted; the agent's /metrics says which plan it wrote last; the layout's
+  not take or of another device class is ignored and counted by reason, a Welcome that repeats
+  the held map without a plan withdraws its plan, a trainer that ran without a plan file takes
+  the plan once the agent makes the file; the agent's /metrics says which plan it wrote last; the layout's
   cost figures reach prismd in Hello; staged tensor statistics reach prismd unchanged in the
   next StepReport.
 
@@ -190,6 +192,7 @@ class FakePrismd:
         self.received = queue.Queue()
         self.outbox = queue.Queue()
         self.stopping = threading.Event()
+        self.kick = threading.Event()  # set: the open stream ends (OK), the agent connects again
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8))
         handler = grpc.stream_stream_rpc_method_handler(
             self._connect, request_deserializer=pb.AgentMessage.FromString,
@@ -221,6 +224,9 @@ class FakePrismd:
             return
         yield pb.ServiceMessage(welcome=self.welcome)
         while not self.stopping.is_set() and not ended.is_set() and context.is_active():
+            if self.kick.is_set():
+                self.kick.clear()
+                return
             try:
                 yield self.outbox.get(timeout=0.05)
             except queue.Empty:
@@ -344,8 +350,13 @@ class AgentPlansTest(unittest.TestCase):
             cases.append(({**good, key: None}, f"{key}: expected a number, got null"))
         cases += [
             ({**good, "memory_bytes": -16}, "memory_bytes: -16 is negative"),
-            ({**good, "memory_bytes": 1.5}, "memory_bytes: 1.5 is not a whole number of bytes below 2^63"),
-            ({**good, "memory_bytes": 1e19}, "memory_bytes: 1e+19 is not a whole number of bytes below 2^63"),
+            ({**good, "memory_bytes": 1.5}, "memory_bytes: 1.5 is not a whole number of bytes below 2^53 "
+                                            "(write a larger count as an integer)"),
+            ({**good, "memory_bytes": 1e19}, "memory_bytes: 1e+19 is not a whole number of bytes below 2^53 "
+                                             "(write a larger count as an integer)"),
+            ({**good, "memory_bytes": 9007199254740992.0}, "memory_bytes: 9.0072e+15 is not a whole number of "
+                                                           "bytes below 2^53 (write a larger count as an integer)"),
+            ({**good, "memory_bytes": -1.0}, "memory_bytes: -1 is negative"),
             ({**good, "memory_bytes": [1]}, "memory_bytes: expected a number, got an array"),
             ({**good, "device_class": 4}, "device_class: expected a string, got a number"),
             ({**good, "device_class": ""}, "device_class: \"\" is not 1 to 63 letters, digits, '-', '_' or '.'"),
@@ -370,6 +381,8 @@ class AgentPlansTest(unittest.TestCase):
             ('{"device_class": "t4",\n "memory_bytes": }', "line 2 column 18: unexpected token near '}'"),
             ('{"memory_bytes": NaN}', "line 1 column 20: invalid token near 'NaN'"),
             ('{"fp16_ops_per_second": 1e999}', "line 1 column 29: real number overflow near '1e999'"),
+            ('{"memory_bytes": 9223372036854775808}',
+             "line 1 column 36: too big integer near '9223372036854775808'"),
             ('{"device_class": "a", "device_class": "b"}',
              "line 1 column 36: duplicate object key near '\"device_class\"'"),
             ("", "line 1 column 0: '[' or '{' expected near end of file"),
@@ -513,7 +526,9 @@ class AgentPlansTest(unittest.TestCase):
         bad = pb.ComputePlan(device_class="t4-16gb", low_format=FP8_E5M2, high_format="bf16", low_blocks=[0])
         fake.outbox.put(pb.ServiceMessage(update=update(4, 9, bad)))
         wait_for("map 4", lambda: self.metric(a, "prism_agent_map_version") == 4)
-        self.assertEqual(self.metric(a, "prism_agent_plans_ignored_total"), 1)
+        self.assertEqual(self.metric(a, 'prism_agent_plans_ignored_total{reason="low_format"}'), 1)
+        self.assertEqual(self.metric(a, 'prism_agent_plans_ignored_total{reason="device_class"}'), 0)
+        self.assertEqual(self.metric(a, 'prism_agent_plans_ignored_total{reason="file"}'), 0)
         self.assertEqual(c.begin_step(9), 4)
         self.assertEqual(c.compute(), [BF16] * 4)
         fp8 = pb.ComputePlan(device_class="t4-16gb", low_format=FP8_E4M3, high_format="bf16",
@@ -531,7 +546,7 @@ class AgentPlansTest(unittest.TestCase):
         # The agent restarts with the table and the plan file kept: a new trainer finds both.
         c.close()
         self.assertEqual(a.stop(), 0)
-        self.assertTrue(os.path.exists(os.path.join(self.dir, "shared", "prism-plans")))
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "shared", "prism-hints.plans")))
         a2 = self.agent(fake.target, "--profile-file", T4, name="agent2")
         self.assertEqual(self.metric(a2, "prism_agent_plan_map_version"), 5)
         self.assertEqual(self.metric(a2, "prism_agent_plan_low_blocks"), 2)
@@ -542,17 +557,30 @@ class AgentPlansTest(unittest.TestCase):
         c2.close()
         self.assertEqual(a2.stop(), 0)
 
-        # The plan file lost, the hint table kept: prismd's Welcome repeats the held map with its
-        # plan, and the agent writes the plan again (the map is not written again).
-        os.unlink(os.path.join(self.dir, "shared", "prism-plans"))
+        # The plan file lost, the hint table kept (as after a rolling upgrade from an agent without
+        # plans): a trainer already running at map 5 without a plan file; prismd's Welcome
+        # repeats the held map with its plan, the new agent writes the plan again (the map is not
+        # written again), and the running trainer maps the new file within its reconnect
+        # interval and takes the plan of the map in use.
+        os.unlink(os.path.join(self.dir, "shared", "prism-hints.plans"))
+        c3 = self.client()
+        self.assertEqual(c3.begin_step(11), 5)
+        self.assertEqual(c3.compute(), [BF16] * 4)
+        self.assertEqual(c3.counters()["hint_open_failures"], 0)
         fake.welcome = pb.Welcome(config=pb.PolicyConfig(), map=update(5, 11, fp8))
         a3 = self.agent(fake.target, "--profile-file", T4, name="agent3")
         self.assertEqual(self.metric(a3, "prism_agent_plan_map_version"), 0)
-        c3 = self.client()
+        c3.report(11)  # connects: the Hello brings the Welcome
         wait_for("the plan written again", lambda: self.metric(a3, "prism_agent_plan_map_version") == 5)
         self.assertEqual(self.metric(a3, "prism_agent_maps_applied_total"), 0)
-        self.assertEqual(c3.begin_step(11), 5)
-        self.assertEqual(c3.compute(), [FP8_E4M3, BF16, FP8_E4M3, BF16])
+
+        def taken():
+            return c3.begin_step(12) == 5 and c3.compute() == [FP8_E4M3, BF16, FP8_E4M3, BF16]
+
+        wait_for("the running trainer takes the plan of its map", taken)
+        p = c3.plan()
+        self.assertEqual((p.has_plan, p.map_version, p.low_blocks), (True, 5, 2))
+        self.assertEqual(c3.counters()["plans_applied"], 1)
 
     def test_welcome_carries_a_plan(self):
         plan = pb.ComputePlan(device_class="t4-16gb", low_format=INT8, high_format="fp16", low_blocks=[0],
@@ -567,6 +595,75 @@ class AgentPlansTest(unittest.TestCase):
         self.assertEqual(c.compute(), [BF16] * 4)
         self.assertEqual(c.begin_step(4), 3)
         self.assertEqual(c.compute(), [INT8, BF16, BF16, BF16])
+
+    def test_another_classs_plan_is_ignored_and_a_withdrawn_plan_is_cleared(self):
+        plan = pb.ComputePlan(device_class="t4-16gb", low_format=INT8, high_format="fp16", low_blocks=[0, 2],
+                              predicted_iteration_seconds=1.0, compute_seconds=0.75)
+        fake = FakePrismd(pb.Welcome(config=pb.PolicyConfig(), map=update(3, 4, plan)))
+        self.fakes.append(fake)
+        a = self.agent(fake.target, "--profile-file", T4)
+        c = self.client()
+        wait_for("map 3", lambda: self.metric(a, "prism_agent_map_version") == 3)
+        self.assertEqual(c.begin_step(4), 3)
+        self.assertEqual(c.compute(), [INT8, BF16, INT8, BF16])
+
+        # Another class's plan with map 4: the map applies, the plan is not written (every block
+        # high from map 4's effective step), counted by reason, both classes logged.
+        v100 = pb.ComputePlan(device_class="v100-32gb", low_format=INT8, high_format="bf16", low_blocks=[1])
+        fake.outbox.put(pb.ServiceMessage(update=update(4, 6, v100)))
+        wait_for("map 4", lambda: self.metric(a, "prism_agent_map_version") == 4)
+        self.assertEqual(self.metric(a, 'prism_agent_plans_ignored_total{reason="device_class"}'), 1)
+        self.assertEqual(self.metric(a, 'prism_agent_plans_ignored_total{reason="low_format"}'), 0)
+        self.assertEqual(self.metric(a, "prism_agent_plans_written_total"), 1)
+        self.assertEqual(self.metric(a, "prism_agent_plan_map_version"), 3)
+        line = [ln for ln in a.text().splitlines() if "another device class" in ln]
+        self.assertEqual(len(line), 1, a.text())
+        self.assertIn("plan_class=v100-32gb", line[0])
+        self.assertIn("agent_class=t4-16gb", line[0])
+        self.assertEqual(c.begin_step(6), 4)
+        self.assertEqual(c.compute(), [BF16] * 4)
+        self.assertFalse(c.plan().has_plan)
+
+        # Map 5 with this class's plan, then prismd repeats map 5 in a Welcome without a plan:
+        # the plan the file holds for it is withdrawn, and the trainer, already at map 5, runs
+        # every block high from its next step.
+        fake.outbox.put(pb.ServiceMessage(update=update(5, 8, plan)))
+        wait_for("map 5", lambda: self.metric(a, "prism_agent_plan_map_version") == 5)
+        self.assertEqual(c.begin_step(8), 5)
+        self.assertEqual(c.compute(), [INT8, BF16, INT8, BF16])
+        fake.welcome = pb.Welcome(config=pb.PolicyConfig(), map=update(5, 8))
+        fake.kick.set()
+        wait_for("the plan withdrawn", lambda: self.metric(a, "prism_agent_plans_withdrawn_total") == 1)
+        self.assertEqual(self.metric(a, "prism_agent_upstream_welcomes_total"), 2)
+        self.assertEqual(self.metric(a, "prism_agent_plan_map_version"), 0)
+        self.assertEqual(self.metric(a, "prism_agent_plan_low_blocks"), 0)
+        self.assertEqual(self.metric(a, "prism_agent_maps_applied_total"), 3)
+        self.assertEqual(c.begin_step(9), 5)
+        self.assertEqual(c.compute(), [BF16] * 4)
+        p = c.plan()
+        self.assertEqual((p.has_plan, p.map_version), (False, 5))
+        # A second Welcome without a plan: nothing left to withdraw.
+        fake.kick.set()
+        wait_for("a third Welcome", lambda: self.metric(a, "prism_agent_upstream_welcomes_total") == 3)
+        self.assertEqual(self.metric(a, "prism_agent_plans_withdrawn_total"), 1)
+
+    def test_memory_bytes_is_read_exactly(self):
+        for i, (text, want) in enumerate([('{"memory_bytes": 9223372036854775807}', 9223372036854775807),
+                                          ('{"memory_bytes": 9007199254740993}', 9007199254740993),
+                                          ('{"memory_bytes": 1e15}', 1000000000000000),
+                                          ('{"memory_bytes": 0}', 0)]):
+            path = self.write(f"memory{i}.json", text)
+            fake = FakePrismd(pb.Welcome(config=pb.PolicyConfig()))
+            self.fakes.append(fake)
+            a = self.agent(fake.target, "--profile-file", path, "--device-class", "play", name=f"agent{i}")
+            metrics = http_get(a.metrics, "/metrics", openapi=False)[1]
+            with self.subTest(text=text):
+                self.assertIn(f"\nprism_agent_device_memory_bytes {want}\n", metrics)
+            c = self.client()
+            with self.subTest(text=text, where="hello"):
+                self.assertEqual(fake.next("hello").hello.device.memory_bytes, want)
+            c.close()
+            self.assertEqual(a.stop(), 0)
 
 
 if __name__ == "__main__":

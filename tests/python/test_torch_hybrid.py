@@ -682,14 +682,17 @@ class WithAnAgent(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def start_agent(self, prismd):
-        """A prism-agent on self.dir with prismd as its upstream, ready; returns its metrics address."""
+        """A prism-agent on self.dir with prismd as its upstream, ready; returns its metrics address.
+        Its device class is "t4", the class of the plans these tests send (the agent ignores
+        another class's plan)."""
         from prismtest import free_port, http_get, wait_for
         metrics = f"127.0.0.1:{free_port()}"
         log = os.open(os.path.join(self.dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             self.agent = subprocess.Popen(
                 [os.path.join(BUILD, "agent", "prism-agent"), "--prismd", f"127.0.0.1:{prismd.port}", "--dir",
-                 self.dir, "--metrics-listen", metrics, "--device", "cpu", "--profile-budget-ms", "100"],
+                 self.dir, "--metrics-listen", metrics, "--device", "cpu", "--profile-budget-ms", "100",
+                 "--device-class", "t4"],
                 stdout=subprocess.DEVNULL, stderr=log)
         finally:
             os.close(log)

@@ -3,15 +3,19 @@
  * and prism_client_get_plan), against a test that plays the agent: a real Unix socket, a real
  * hint table and a real plan file in a scratch directory, frames decoded with protobuf-c.
  *
- * Pinned: the plan file's offsets (read as raw bytes), a write read back exactly, the slot rule
- * (the applied version and the newest are kept, a version rewritten in place), a writer that
+ * Pinned: the plan file's offsets (read as raw bytes, five slots), a write read back exactly, the
+ * slot rule (the kept versions stay, a version rewritten in place; in the agent's order, the plan
+ * of a map waiting in the hint table survives the next map's plan), a writer that
  * died mid-write (odd seq: no consistent read, never a torn plan; an emptied slot: no plan; a
  * new agent makes seq even and keeps the slots), files of another kind refused; the layout's
  * cost figures in Hello's BlockInfo; tensor statistics validated naming the entry, sent whole
  * with the next report written whole and cleared then, kept when the report is dropped; the
  * compute plan switching exactly at the map's effective step, with the map and only with it,
  * a map without a plan running every block high, a plan file mid-write holding back map and
- * plan together, and a trainer with no plan file (an older agent) running every block high. */
+ * plan together, a trainer with no plan file (an older agent) running every block high, a plan
+ * file that appears after the trainer started taken within a reconnect interval, a plan
+ * withdrawn or rewritten for the map in use read again, an unusable plan file counted, and the
+ * plan file named after the hint table. */
 #define _GNU_SOURCE
 #include "testutil.h"
 
@@ -32,6 +36,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *test_dir(void)
@@ -65,11 +70,12 @@ static prism_plans_entry entry(uint64_t version, const char *cls)
     return e;
 }
 
+/* Publishes keeping `keep` (0: nothing kept). */
 static void publish_ok(prism_plans *t, uint64_t version, const uint8_t *blocks, uint32_t n, uint64_t keep)
 {
     prism_plans_entry e = entry(version, "t4-16gb");
     prism_error err;
-    prism_status s = prism_plans_publish(t, &e, blocks, n, keep, &err);
+    prism_status s = prism_plans_publish(t, &e, blocks, n, keep ? &keep : NULL, keep ? 1u : 0u, &err);
     if (s != PRISM_OK)
         fprintf(stderr, "publish: %s\n", err.message);
     CU_ASSERT_EQUAL_FATAL(s, PRISM_OK);
@@ -87,7 +93,7 @@ static void test_offsets_are_pinned(void)
     size_t len = 0;
     uint8_t *raw = (uint8_t *)prism_read_file(path_in(dir, PRISM_LOCAL_PLANS_NAME), &len);
     CU_ASSERT_PTR_NOT_NULL_FATAL(raw);
-    CU_ASSERT_EQUAL(len, 1024 + 4 * 8);
+    CU_ASSERT_EQUAL(len, 1024 + 5 * 8); /* five slots: the hint table's four and one */
     uint64_t u64;
     uint32_t u32;
     double d;
@@ -95,11 +101,11 @@ static void test_offsets_are_pinned(void)
     CU_ASSERT_EQUAL(u64, 0x314e4c5053495250ull);
     CU_ASSERT_EQUAL(memcmp(raw, "PRISPLN1", 8), 0);
     memcpy(&u32, raw + 8, 4);
-    CU_ASSERT_EQUAL(u32, 1);
+    CU_ASSERT_EQUAL(u32, 2); /* layout version 2: five slots */
     memcpy(&u32, raw + 12, 4);
     CU_ASSERT_EQUAL(u32, 8);
     memcpy(&u64, raw + 16, 8);
-    CU_ASSERT_EQUAL(u64, 1024 + 4 * 8);
+    CU_ASSERT_EQUAL(u64, 1024 + 5 * 8);
     memcpy(&u64, raw + 24, 8);
     CU_ASSERT_EQUAL(u64, 1); /* generation */
     memcpy(&u64, raw + 64, 8);
@@ -124,6 +130,15 @@ static void test_offsets_are_pinned(void)
     CU_ASSERT_STRING_EQUAL((const char *)slot + 40, "t4-16gb");
     static const uint8_t want[8] = {0, PRISM_PRECISION_FP8_E4M3, PRISM_PRECISION_INT8, 0, 0, 0, 0, 0};
     CU_ASSERT_EQUAL(memcmp(raw + 1024, want, 8), 0);
+    free(raw);
+    /* The fifth slot, at 128 + 4 * 168, and its bytes after the fourth slot's. */
+    for (uint64_t v = 8; v <= 11; v++)
+        publish_ok(&t, v, blocks, 3, 0);
+    raw = (uint8_t *)prism_read_file(path_in(dir, PRISM_LOCAL_PLANS_NAME), &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(raw);
+    memcpy(&u64, raw + 128 + 4 * 168, 8);
+    CU_ASSERT_EQUAL(u64, 11);
+    CU_ASSERT_EQUAL(memcmp(raw + 1024 + 4 * 8, want, 8), 0);
     free(raw);
     prism_plans_close(&t);
 }
@@ -171,7 +186,7 @@ static void test_write_read_round_trip(void)
     prism_plans_close(&w);
 }
 
-static void test_slot_reuse_keeps_the_applied_and_the_newest(void)
+static void test_slot_reuse_keeps_the_kept_versions(void)
 {
     const char *dir = test_dir();
     const char *path = path_in(dir, PRISM_LOCAL_PLANS_NAME);
@@ -179,28 +194,43 @@ static void test_slot_reuse_keeps_the_applied_and_the_newest(void)
     CU_ASSERT_EQUAL_FATAL(prism_plans_create(&w, path, 4, NULL), PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(prism_plans_open(&r, path, NULL), PRISM_OK);
     uint8_t b[1];
-    for (uint64_t v = 1; v <= 4; v++) {
+    for (uint64_t v = 1; v <= 5; v++) {
         b[0] = (uint8_t)(v % 2 ? PRISM_PRECISION_INT8 : PRISM_PRECISION_FP8_E4M3);
         publish_ok(&w, v, b, 1, 0);
     }
-    /* Full; the trainer applied 2: 1 goes, then 3, then 4; 2 and the newest stay. */
-    publish_ok(&w, 5, b, 1, 2);
-    publish_ok(&w, 6, b, 1, 2);
-    publish_ok(&w, 7, b, 1, 2);
+    /* Full; 2, 4 and 5 kept: 1 goes, then 3, then 6 (the lowest not kept). */
+    static const uint64_t keep[3] = {2, 4, 5};
+    prism_error err;
+    for (uint64_t v = 6; v <= 8; v++) {
+        prism_plans_entry e = entry(v, "c");
+        CU_ASSERT_EQUAL(prism_plans_publish(&w, &e, b, 1, keep, 3, &err), PRISM_OK);
+    }
     prism_plans_entry e;
     uint8_t out[1];
-    static const int present[8] = {0, 0, 1, 0, 0, 1, 1, 1};
-    for (uint64_t v = 1; v <= 7; v++) {
+    static const int present[9] = {0, 0, 1, 0, 1, 1, 0, 1, 1};
+    for (uint64_t v = 1; v <= 8; v++) {
         prism_plans_found f = prism_plans_read(&r, v, &e, out, 1, 4);
         CU_ASSERT_EQUAL(f, present[v] ? PRISM_PLANS_FOUND : PRISM_PLANS_NONE);
         if (v == 2 && f == PRISM_PLANS_FOUND)
             CU_ASSERT_EQUAL(out[0], PRISM_PRECISION_FP8_E4M3);
     }
-    /* Without a kept version the lowest goes (2), never the newest (7). */
-    publish_ok(&w, 8, b, 1, 0);
-    CU_ASSERT_EQUAL(prism_plans_read(&r, 2, &e, out, 1, 4), PRISM_PLANS_NONE);
+    /* A version rewritten in place, whatever is kept: nothing else goes. */
+    prism_plans_entry e7 = entry(7, "rewritten");
+    CU_ASSERT_EQUAL(prism_plans_publish(&w, &e7, b, 1, keep, 3, &err), PRISM_OK);
     CU_ASSERT_EQUAL(prism_plans_read(&r, 7, &e, out, 1, 4), PRISM_PLANS_FOUND);
-    CU_ASSERT_EQUAL(prism_plans_read(&r, 8, &e, out, 1, 4), PRISM_PLANS_FOUND);
+    CU_ASSERT_STRING_EQUAL(e.device_class, "rewritten");
+    for (uint64_t v = 1; v <= 8; v++)
+        CU_ASSERT_EQUAL(prism_plans_read(&r, v, &e, out, 1, 4), present[v] ? PRISM_PLANS_FOUND : PRISM_PLANS_NONE);
+    /* Nothing kept: the lowest goes (2). Four kept, one slot left to write: always. */
+    publish_ok(&w, 9, b, 1, 0);
+    CU_ASSERT_EQUAL(prism_plans_read(&r, 2, &e, out, 1, 4), PRISM_PLANS_NONE);
+    static const uint64_t keep4[4] = {4, 5, 7, 8};
+    prism_plans_entry e10 = entry(10, "c");
+    CU_ASSERT_EQUAL(prism_plans_publish(&w, &e10, b, 1, keep4, 4, &err), PRISM_OK);
+    for (unsigned i = 0; i < 4; i++)
+        CU_ASSERT_EQUAL(prism_plans_read(&r, keep4[i], &e, out, 1, 4), PRISM_PLANS_FOUND);
+    CU_ASSERT_EQUAL(prism_plans_read(&r, 9, &e, out, 1, 4), PRISM_PLANS_NONE);
+    CU_ASSERT_EQUAL(prism_plans_read(&r, 10, &e, out, 1, 4), PRISM_PLANS_FOUND);
     prism_plans_close(&r);
     prism_plans_close(&w);
 }
@@ -265,15 +295,19 @@ static void test_bad_files_and_writes_are_refused(void)
 
     uint8_t b[17] = {0};
     prism_plans_entry e = entry(0, "x");
-    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 1, 0, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 1, NULL, 0, &err), PRISM_ERR_INVALID);
     e.map_version = 1;
-    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 17, 0, &err), PRISM_ERR_LIMIT);
+    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 17, NULL, 0, &err), PRISM_ERR_LIMIT);
     b[2] = 9;
-    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 3, 0, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 3, NULL, 0, &err), PRISM_ERR_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "blocks[2]"));
     b[2] = 0;
+    static const uint64_t keep5[5] = {1, 2, 3, 4, 5};
+    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 3, keep5, 5, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "keep"));
+    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 3, NULL, 1, &err), PRISM_ERR_INVALID);
     e.low_format = PRISM_PRECISION_BF16;
-    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 3, 0, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_plans_publish(&t, &e, b, 3, NULL, 0, &err), PRISM_ERR_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "low_format"));
     for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++)
         CU_ASSERT_EQUAL(t.h->slots[i].map_version, 0);
@@ -354,6 +388,32 @@ static prism_client *open_client(const char *dir)
     prism_client *c = NULL;
     CU_ASSERT_EQUAL_FATAL(prism_client_open(&o, &c, NULL), PRISM_OK);
     return c;
+}
+
+static prism_client *open_client_with(const char *dir, const char *hints_name, uint32_t interval_ms)
+{
+    prism_client_options o = {.dir = dir, .hints_name = hints_name, .job_id = "job-h", .rank = 0, .world_size = 2,
+                              .reconnect_interval_ms = interval_ms};
+    prism_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(prism_client_open(&o, &c, NULL), PRISM_OK);
+    return c;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Returns once CLOCK_MONOTONIC has moved `ms` milliseconds past `from` (the client's reconnect
+ * interval has passed: the condition itself, not a guess at how long an event takes). */
+static void pass_ms(uint64_t from, uint64_t ms)
+{
+    while (mono_ms() < from + ms + 1) {
+        struct timespec d = {0, 500000};
+        nanosleep(&d, NULL);
+    }
 }
 
 static void register4(prism_client *c)
@@ -654,10 +714,248 @@ static void test_without_a_plan_file_every_block_runs_high(void)
     prism_hints_close(&hints);
 }
 
+
+/* The agent's order for one map (upstream.c): the plan first, keeping the plans of every map the
+ * hint table holds, then the map. */
+static void agent_write_plan(prism_plans *plans, const prism_hints *hints, uint64_t version, const uint8_t *low,
+                             uint32_t n)
+{
+    uint64_t keep[PRISM_HINTS_SLOTS];
+    unsigned n_keep = prism_hints_held_versions(hints, keep);
+    prism_plans_entry e = entry(version, "t4-16gb");
+    prism_error err;
+    prism_status s = prism_plans_publish(plans, &e, low, n, keep, n_keep, &err);
+    if (s != PRISM_OK)
+        fprintf(stderr, "publish: %s\n", err.message);
+    CU_ASSERT_EQUAL_FATAL(s, PRISM_OK);
+}
+
+static void agent_write_map(prism_hints *hints, uint64_t version, uint64_t effective)
+{
+    uint8_t map[4] = {0, 0, 0, 0};
+    CU_ASSERT_EQUAL_FATAL(prism_hints_publish_map(hints, version, effective - 1, effective, map, 4, NULL), PRISM_OK);
+}
+
+/* The trainer applied A (1); V, W, X (2, 3, 4) wait in the hint table for their effective
+ * steps; the plan of Z (5) is written before map Z goes in. V's plan must survive that write: a
+ * trainer reaching V's effective step before map Z lands uses V with its plan. Once map Z is in
+ * the table (it took V's slot there), V's plan is the one the next plan may take. */
+static void test_the_plan_of_a_pending_map_is_never_evicted(void)
+{
+    const char *dir = test_dir();
+    prism_plans plans;
+    prism_hints hints;
+    CU_ASSERT_EQUAL_FATAL(prism_plans_create(&plans, path_in(dir, PRISM_LOCAL_PLANS_NAME), 16, NULL), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&hints, path_in(dir, PRISM_LOCAL_HINTS_NAME), 16, NULL), PRISM_OK);
+    prism_client *c = open_client(dir);
+    register4(c);
+    static const uint8_t lows[7][4] = {
+        {0},
+        {PRISM_PRECISION_INT8, 0, 0, 0},
+        {0, PRISM_PRECISION_INT8, 0, 0},
+        {0, 0, PRISM_PRECISION_INT8, 0},
+        {0, 0, 0, PRISM_PRECISION_INT8},
+        {PRISM_PRECISION_FP8_E4M3, 0, 0, 0},
+        {0, PRISM_PRECISION_FP8_E4M3, 0, 0},
+    };
+    agent_write_plan(&plans, &hints, 1, lows[1], 4);
+    agent_write_map(&hints, 1, 1);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 1), 1); /* A applied (the trainer line says so) */
+    uint64_t applied = 0;
+    CU_ASSERT_TRUE(prism_hints_read_applied(&hints, &applied, NULL));
+    CU_ASSERT_EQUAL(applied, 1);
+    for (uint64_t v = 2; v <= 4; v++) {
+        agent_write_plan(&plans, &hints, v, lows[v], 4);
+        agent_write_map(&hints, v, 98 + v); /* V at 100, W at 101, X at 102 */
+    }
+    agent_write_plan(&plans, &hints, 5, lows[5], 4); /* Z's plan, map Z not yet in the table */
+    prism_plans_entry e;
+    uint8_t out[4];
+    for (uint64_t v = 1; v <= 5; v++)
+        CU_ASSERT_EQUAL(prism_plans_read(&plans, v, &e, out, 4, 4), PRISM_PLANS_FOUND);
+    /* The trainer reaches V's effective step now: V with its plan. */
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 100), 2);
+    expect_compute(c, lows[2]);
+    prism_client_plan p;
+    CU_ASSERT_EQUAL(prism_client_get_plan(c, &p, NULL), PRISM_OK);
+    CU_ASSERT_TRUE(p.has_plan);
+    CU_ASSERT_EQUAL(p.map_version, 2);
+    /* Map Z lands (the hint table drops A, no longer applied); the next plan takes a plan the
+     * table no longer holds, the newest maps' stay. */
+    agent_write_map(&hints, 5, 103);
+    uint64_t held[PRISM_HINTS_SLOTS];
+    CU_ASSERT_EQUAL(prism_hints_held_versions(&hints, held), 4);
+    agent_write_plan(&plans, &hints, 6, lows[6], 4);
+    bool in_table[7] = {false};
+    for (unsigned i = 0; i < 4; i++)
+        if (held[i] < 7)
+            in_table[held[i]] = true;
+    for (uint64_t v = 1; v <= 5; v++)
+        if (in_table[v])
+            CU_ASSERT_EQUAL(prism_plans_read(&plans, v, &e, out, 4, 4), PRISM_PLANS_FOUND);
+    CU_ASSERT_EQUAL(prism_plans_read(&plans, 6, &e, out, 4, 4), PRISM_PLANS_FOUND);
+    CU_ASSERT_TRUE(in_table[2]); /* V is the map in use: the table kept it */
+    unsigned gone = 0;
+    for (uint64_t v = 1; v <= 5; v++)
+        gone += prism_plans_read(&plans, v, &e, out, 4, 4) == PRISM_PLANS_NONE;
+    CU_ASSERT_EQUAL(gone, 1);
+    prism_client_close(c);
+    prism_hints_close(&hints);
+    prism_plans_close(&plans);
+}
+
+/* A rolling upgrade: the trainer started beside an agent without plans (no plan file) and is at
+ * a map; the new agent creates the plan file with that map's plan. The trainer maps it at its
+ * first begin_step after a reconnect interval and takes the plan of the map in use there; a
+ * trainer whose interval has not passed makes no attempt. */
+static void test_a_plan_file_that_appears_later_is_taken(void)
+{
+    const char *dir = test_dir();
+    prism_hints hints;
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&hints, path_in(dir, PRISM_LOCAL_HINTS_NAME), 16, NULL), PRISM_OK);
+    agent_write_map(&hints, 1, 1);
+    prism_client *c = open_client_with(dir, NULL, 20);
+    prism_client *slow = open_client_with(dir, NULL, 600000);
+    register4(c);
+    register4(slow);
+    static const uint8_t high[4] = {0, 0, 0, 0};
+    static const uint8_t low13[4] = {0, PRISM_PRECISION_INT8, 0, PRISM_PRECISION_INT8};
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 1), 1);
+    CU_ASSERT_EQUAL(prism_client_begin_step(slow, 1), 1);
+    expect_compute(c, high);
+    uint64_t last_attempt = mono_ms(); /* no attempt of c's is later than this */
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 2), 1);
+    CU_ASSERT_EQUAL(counters(c).hint_open_failures, 0); /* a missing plan file is normal */
+
+    prism_plans plans;
+    CU_ASSERT_EQUAL_FATAL(prism_plans_create(&plans, path_in(dir, PRISM_LOCAL_PLANS_NAME), 16, NULL), PRISM_OK);
+    publish_ok(&plans, 1, low13, 4, 0);
+    pass_ms(last_attempt, 20);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 3), 1);
+    expect_compute(c, low13);
+    prism_client_plan p;
+    CU_ASSERT_EQUAL(prism_client_get_plan(c, &p, NULL), PRISM_OK);
+    CU_ASSERT_TRUE(p.has_plan);
+    CU_ASSERT_EQUAL(p.map_version, 1);
+    CU_ASSERT_EQUAL(counters(c).plans_applied, 1);
+    /* The other trainer's interval (600 s) has not passed: no attempt, still every block high. */
+    for (uint64_t s = 2; s < 50; s++)
+        CU_ASSERT_EQUAL(prism_client_begin_step(slow, s), 1);
+    expect_compute(slow, high);
+    CU_ASSERT_EQUAL(counters(slow).plans_applied, 0);
+    prism_client_close(slow);
+    prism_client_close(c);
+    prism_hints_close(&hints);
+    prism_plans_close(&plans);
+}
+
+/* The agent withdraws the plan of the map in use (prismd's Welcome repeated the map without one)
+ * or rewrites it: the trainer notices the write at its next begin_step (one atomic load) and
+ * reads the plan of its map again. */
+static void test_a_withdrawn_or_rewritten_plan_of_the_map_in_use_is_read_again(void)
+{
+    const char *dir = test_dir();
+    prism_plans plans;
+    prism_hints hints;
+    CU_ASSERT_EQUAL_FATAL(prism_plans_create(&plans, path_in(dir, PRISM_LOCAL_PLANS_NAME), 16, NULL), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&hints, path_in(dir, PRISM_LOCAL_HINTS_NAME), 16, NULL), PRISM_OK);
+    prism_client *c = open_client(dir);
+    register4(c);
+    static const uint8_t high[4] = {0, 0, 0, 0};
+    static const uint8_t low12[4] = {0, PRISM_PRECISION_INT8, PRISM_PRECISION_INT8, 0};
+    static const uint8_t low0[4] = {PRISM_PRECISION_FP8_E4M3, 0, 0, 0};
+    agent_publish(&plans, &hints, 1, 2, low12, 3);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 2), 1);
+    expect_compute(c, low12);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 3), 1);
+    expect_compute(c, low12);
+
+    CU_ASSERT_TRUE(prism_plans_clear(&plans, 1));
+    CU_ASSERT_FALSE(prism_plans_clear(&plans, 1)); /* nothing left to clear: no write */
+    CU_ASSERT_FALSE(prism_plans_clear(&plans, 0));
+    prism_plans_entry e;
+    uint8_t out[4];
+    CU_ASSERT_EQUAL(prism_plans_read(&plans, 1, &e, out, 4, 4), PRISM_PLANS_NONE);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 4), 1);
+    expect_compute(c, high);
+    prism_client_plan p;
+    CU_ASSERT_EQUAL(prism_client_get_plan(c, &p, NULL), PRISM_OK);
+    CU_ASSERT_FALSE(p.has_plan);
+    CU_ASSERT_EQUAL(p.map_version, 1);
+
+    publish_ok(&plans, 1, low0, 1, 0); /* a plan for the held map again */
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 5), 1);
+    expect_compute(c, low0);
+    CU_ASSERT_EQUAL(counters(c).plans_applied, 2);
+    /* Quiet file: nothing read again, nothing counted. */
+    uint64_t reads = counters(c).hint_reads;
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 6), 1);
+    expect_compute(c, low0);
+    CU_ASSERT_EQUAL(counters(c).hint_reads, reads + 1);
+    CU_ASSERT_EQUAL(counters(c).plans_applied, 2);
+    prism_client_close(c);
+    prism_hints_close(&hints);
+    prism_plans_close(&plans);
+}
+
+/* A plan file that is there but cannot be used (here: another layout version) is counted in
+ * hint_open_failures with the reason as the last error; the trainer runs every block high. */
+static void test_a_plan_file_of_another_layout_is_counted(void)
+{
+    const char *dir = test_dir();
+    prism_plans plans;
+    prism_hints hints;
+    CU_ASSERT_EQUAL_FATAL(prism_plans_create(&plans, path_in(dir, PRISM_LOCAL_PLANS_NAME), 16, NULL), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&hints, path_in(dir, PRISM_LOCAL_HINTS_NAME), 16, NULL), PRISM_OK);
+    static const uint8_t low12[4] = {0, PRISM_PRECISION_INT8, PRISM_PRECISION_INT8, 0};
+    agent_publish(&plans, &hints, 1, 1, low12, 3);
+    plans.h->layout_version = 1; /* a file of the four-slot layout */
+    prism_client *c = open_client_with(dir, NULL, 600000);
+    CU_ASSERT_EQUAL(counters(c).hint_open_failures, 1);
+    const char *why = prism_client_last_error(c);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(why);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "plan file: "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "layout_version 1, this build reads 2"));
+    register4(c);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 1), 1);
+    static const uint8_t high[4] = {0, 0, 0, 0};
+    expect_compute(c, high);
+    CU_ASSERT_EQUAL(counters(c).hint_open_failures, 1); /* the next attempt waits its interval */
+    prism_client_close(c);
+    prism_hints_close(&hints);
+    prism_plans_close(&plans);
+}
+
+/* The plan file is named after the hint table: a trainer whose table is "other-hints" reads
+ * "other-hints.plans", not the default's file beside it. */
+static void test_the_plan_file_is_named_after_the_hint_table(void)
+{
+    CU_ASSERT_STRING_EQUAL(PRISM_LOCAL_PLANS_NAME, "prism-hints.plans");
+    const char *dir = test_dir();
+    prism_plans mine, other;
+    prism_hints hints;
+    CU_ASSERT_EQUAL_FATAL(prism_plans_create(&mine, path_in(dir, "other-hints" PRISM_LOCAL_PLANS_SUFFIX), 16, NULL),
+                          PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_plans_create(&other, path_in(dir, PRISM_LOCAL_PLANS_NAME), 16, NULL), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_hints_create(&hints, path_in(dir, "other-hints"), 16, NULL), PRISM_OK);
+    static const uint8_t low3[4] = {0, 0, 0, PRISM_PRECISION_INT8};
+    static const uint8_t low0[4] = {PRISM_PRECISION_INT8, 0, 0, 0};
+    publish_ok(&other, 1, low0, 1, 0);
+    agent_publish(&mine, &hints, 1, 1, low3, 4);
+    prism_client *c = open_client_with(dir, "other-hints", 600000);
+    register4(c);
+    CU_ASSERT_EQUAL(prism_client_begin_step(c, 1), 1);
+    expect_compute(c, low3);
+    prism_client_close(c);
+    prism_hints_close(&hints);
+    prism_plans_close(&other);
+    prism_plans_close(&mine);
+}
+
 static const prism_test_case file_cases[] = {
     {"test_offsets_are_pinned", test_offsets_are_pinned},
     {"test_write_read_round_trip", test_write_read_round_trip},
-    {"test_slot_reuse_keeps_the_applied_and_the_newest", test_slot_reuse_keeps_the_applied_and_the_newest},
+    {"test_slot_reuse_keeps_the_kept_versions", test_slot_reuse_keeps_the_kept_versions},
     {"test_torn_write_is_never_read", test_torn_write_is_never_read},
     {"test_bad_files_and_writes_are_refused", test_bad_files_and_writes_are_refused},
     {NULL, NULL},
@@ -671,6 +969,12 @@ static const prism_test_case client_cases[] = {
      test_compute_plan_switches_with_the_map_at_its_effective_step},
     {"test_register_after_begin_step_reads_the_plan", test_register_after_begin_step_reads_the_plan},
     {"test_without_a_plan_file_every_block_runs_high", test_without_a_plan_file_every_block_runs_high},
+    {"test_the_plan_of_a_pending_map_is_never_evicted", test_the_plan_of_a_pending_map_is_never_evicted},
+    {"test_a_plan_file_that_appears_later_is_taken", test_a_plan_file_that_appears_later_is_taken},
+    {"test_a_withdrawn_or_rewritten_plan_of_the_map_in_use_is_read_again",
+     test_a_withdrawn_or_rewritten_plan_of_the_map_in_use_is_read_again},
+    {"test_a_plan_file_of_another_layout_is_counted", test_a_plan_file_of_another_layout_is_counted},
+    {"test_the_plan_file_is_named_after_the_hint_table", test_the_plan_file_is_named_after_the_hint_table},
     {NULL, NULL},
 };
 
