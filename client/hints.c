@@ -1,18 +1,13 @@
-/* The shared-memory hint table (hints.h): file handling, the agent's seqlock writer and the
- * trainer's bounded reader.
- *
- * Seqlock ordering (both seqlocks): the writer stores seq + 1 (odd), issues a release fence so
- * that no data store is seen before it, writes the data, and stores seq + 2 with release. A reader
- * loads seq with acquire, copies, issues an acquire fence so that its copies are done before it
- * loads seq again, and keeps the copy when both loads gave the same even number. */
+/* The shared-memory hint table (hints.h): the agent's seqlock writer and the trainer's bounded
+ * reader. The file handling and the seqlock's ordering (both seqlocks) are shm_table.h's. */
 #define _GNU_SOURCE
 #include "hints.h"
+#include "shm_table.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,11 +15,6 @@
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the hint table is little-endian and mapped as native structs"
 #endif
-
-static size_t table_bytes(uint32_t max_blocks)
-{
-    return (size_t)PRISM_HINTS_HEADER_BYTES + (size_t)PRISM_HINTS_SLOTS * max_blocks;
-}
 
 static uint8_t *slot_bytes(const prism_hints *t, unsigned slot)
 {
@@ -40,143 +30,48 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* ---- seqlocks ----------------------------------------------------------------------------- */
-
-static void write_begin(_Atomic uint64_t *seq)
-{
-    uint64_t s = atomic_load_explicit(seq, memory_order_relaxed);
-    atomic_store_explicit(seq, s + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-}
-
-static void write_end(_Atomic uint64_t *seq)
-{
-    uint64_t s = atomic_load_explicit(seq, memory_order_relaxed);
-    atomic_store_explicit(seq, s + 1, memory_order_release);
-}
-
-/* Even value of seq at the start of a read attempt, or UINT64_MAX while a write is under way. */
-static uint64_t read_begin(const _Atomic uint64_t *seq)
-{
-    uint64_t s = atomic_load_explicit((_Atomic uint64_t *)seq, memory_order_acquire);
-    return (s & 1) ? UINT64_MAX : s;
-}
-
-static bool read_end(const _Atomic uint64_t *seq, uint64_t start)
-{
-    atomic_thread_fence(memory_order_acquire);
-    return atomic_load_explicit((_Atomic uint64_t *)seq, memory_order_relaxed) == start;
-}
-
 /* ---- files -------------------------------------------------------------------------------- */
 
-static prism_status map_fd(prism_hints *t, int fd, size_t bytes, const char *path, prism_error *err)
+/* A fresh table reads as: every slot empty, every precision bf16, the job's low format int8. */
+static void init_fresh(void *header)
 {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return prism_error_set(err, PRISM_ERR_IO, "%s: mmap of %zu bytes: %s", path, bytes, strerror(errno));
-    t->h = p;
-    t->precisions = (uint8_t *)p + PRISM_HINTS_HEADER_BYTES;
-    t->bytes = bytes;
-    t->fd = fd;
-    t->pid = (uint64_t)getpid();
-    return PRISM_OK;
+    ((prism_hints_header *)header)->low_precision = PRISM_PRECISION_INT8;
 }
 
-/* Checks a header against the file it came from; PRISM_ERR_INVALID naming the field. max_blocks
- * 0 accepts any valid count (the trainer's side). */
-static prism_status check_header(const prism_hints_header *h, size_t file_size, uint32_t want_max_blocks,
-                                 const char *path, prism_error *err)
+static const prism_shm_kind hints_kind = {
+    .what = "a Prism hint table",
+    .magic = PRISM_HINTS_MAGIC,
+    .layout_version = PRISM_HINTS_LAYOUT_VERSION,
+    .max_blocks_limit = PRISM_HINTS_MAX_BLOCKS_LIMIT,
+    .header_bytes = PRISM_HINTS_HEADER_BYTES,
+    .slots = PRISM_HINTS_SLOTS,
+    .init = init_fresh,
+};
+
+_Static_assert(offsetof(prism_hints_header, magic) == offsetof(prism_shm_prefix, magic) &&
+                   offsetof(prism_hints_header, layout_version) == offsetof(prism_shm_prefix, layout_version) &&
+                   offsetof(prism_hints_header, max_blocks) == offsetof(prism_shm_prefix, max_blocks) &&
+                   offsetof(prism_hints_header, file_bytes) == offsetof(prism_shm_prefix, file_bytes),
+               "the hint table starts with the shared prefix");
+
+/* Takes a mapping made by prism_shm_open or prism_shm_create. */
+static void adopt(prism_hints *t, const prism_shm_map *m)
 {
-    if (h->magic != PRISM_HINTS_MAGIC)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: magic 0x%016llx is not a Prism hint table (0x%016llx)",
-                               path, (unsigned long long)h->magic, (unsigned long long)PRISM_HINTS_MAGIC);
-    if (h->layout_version != PRISM_HINTS_LAYOUT_VERSION)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: layout_version %u, this build reads %u", path,
-                               h->layout_version, PRISM_HINTS_LAYOUT_VERSION);
-    if (h->max_blocks == 0 || h->max_blocks > PRISM_HINTS_MAX_BLOCKS_LIMIT)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: max_blocks %u is outside [1, %u]", path, h->max_blocks,
-                               PRISM_HINTS_MAX_BLOCKS_LIMIT);
-    if (want_max_blocks && h->max_blocks != want_max_blocks)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: max_blocks %u, wanted %u", path, h->max_blocks,
-                               want_max_blocks);
-    size_t want = table_bytes(h->max_blocks);
-    if (h->file_bytes != want)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: file_bytes %llu, max_blocks %u needs %zu", path,
-                               (unsigned long long)h->file_bytes, h->max_blocks, want);
-    if (file_size != want)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: file size %zu bytes, max_blocks %u needs %zu", path,
-                               file_size, h->max_blocks, want);
-    return PRISM_OK;
+    t->h = m->base;
+    t->precisions = (uint8_t *)m->base + PRISM_HINTS_HEADER_BYTES;
+    t->bytes = m->bytes;
+    t->fd = m->fd;
+    t->pid = (uint64_t)getpid(); /* taken here, so that the writes make no system call */
 }
 
-/* Tries to map an existing table the agent can keep. PRISM_ERR_NOT_FOUND when there is none,
- * PRISM_ERR_INVALID when there is one it must replace. */
-static prism_status open_existing(prism_hints *t, const char *path, uint32_t max_blocks, prism_error *err)
+static prism_status open_existing(prism_hints *t, const char *path, uint32_t max_blocks, bool writable,
+                                  prism_error *err)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return prism_error_set(err, errno == ENOENT ? PRISM_ERR_NOT_FOUND : PRISM_ERR_IO, "%s: %s", path,
-                               strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        prism_status s = prism_error_set(err, PRISM_ERR_IO, "%s: fstat: %s", path, strerror(errno));
-        close(fd);
-        return s;
-    }
-    if (!S_ISREG(st.st_mode) || (size_t)st.st_size < PRISM_HINTS_HEADER_BYTES) {
-        close(fd);
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: size %lld is smaller than the header", path,
-                               (long long)st.st_size);
-    }
-    prism_status s = map_fd(t, fd, (size_t)st.st_size, path, err);
-    if (s != PRISM_OK) {
-        close(fd);
-        return s;
-    }
-    s = check_header(t->h, (size_t)st.st_size, max_blocks, path, err);
-    if (s != PRISM_OK) {
-        prism_hints_close(t);
-        return s;
-    }
-    return PRISM_OK;
-}
-
-/* Writes a fresh empty table beside path and renames it over path, so that nobody ever maps a
- * half-written one and a trainer's mapping of an old file stays valid. */
-static prism_status create_fresh(prism_hints *t, const char *path, uint32_t max_blocks, prism_error *err)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: path too long", path);
-    unlink(tmp); /* a leftover of an earlier agent with our pid */
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
-    if (fd < 0)
-        return prism_error_set(err, PRISM_ERR_IO, "%s: create: %s", tmp, strerror(errno));
-    size_t bytes = table_bytes(max_blocks);
-    prism_status s = PRISM_OK;
-    if (fchmod(fd, 0660) != 0 || ftruncate(fd, (off_t)bytes) != 0)
-        s = prism_error_set(err, PRISM_ERR_IO, "%s: size %zu: %s", tmp, bytes, strerror(errno));
+    prism_shm_map m;
+    prism_status s = prism_shm_open(&hints_kind, path, max_blocks, writable, &m, err);
     if (s == PRISM_OK)
-        s = map_fd(t, fd, bytes, tmp, err);
-    if (s != PRISM_OK) {
-        close(fd);
-        unlink(tmp);
-        return s;
-    }
-    /* ftruncate gave zeros: every slot empty, every precision bf16, seq 0. */
-    t->h->magic = PRISM_HINTS_MAGIC;
-    t->h->layout_version = PRISM_HINTS_LAYOUT_VERSION;
-    t->h->max_blocks = max_blocks;
-    t->h->file_bytes = bytes;
-    t->h->low_precision = PRISM_PRECISION_INT8;
-    if (rename(tmp, path) != 0) {
-        s = prism_error_set(err, PRISM_ERR_IO, "%s: rename from %s: %s", path, tmp, strerror(errno));
-        prism_hints_close(t);
-        unlink(tmp);
-        return s;
-    }
-    return PRISM_OK;
+        adopt(t, &m);
+    return s;
 }
 
 prism_status prism_hints_create(prism_hints *t, const char *path, uint32_t max_blocks, prism_error *err)
@@ -189,24 +84,24 @@ prism_status prism_hints_create(prism_hints *t, const char *path, uint32_t max_b
         return prism_error_set(err, PRISM_ERR_INVALID, "max_blocks %u is outside [1, %u]", max_blocks,
                                PRISM_HINTS_MAX_BLOCKS_LIMIT);
     prism_error ignored;
-    prism_status s = open_existing(t, path, max_blocks, &ignored);
+    prism_status s = open_existing(t, path, max_blocks, true, &ignored);
     if (s == PRISM_ERR_IO)
         return prism_error_set(err, s, "%s", ignored.message);
     if (s != PRISM_OK) {
-        s = create_fresh(t, path, max_blocks, err);
+        prism_shm_map m;
+        s = prism_shm_create(&hints_kind, path, max_blocks, &m, err);
         if (s != PRISM_OK)
             return s;
+        adopt(t, &m);
     }
     prism_hints_header *h = t->h;
     /* A previous agent that died mid-write left seq odd; its slot has version 0 (the write
      * order), so the table is consistent and only seq needs to become even again. */
-    uint64_t seq = atomic_load_explicit(&h->seq, memory_order_relaxed);
-    if (seq & 1)
-        atomic_store_explicit(&h->seq, seq + 1, memory_order_relaxed);
-    write_begin(&h->seq);
+    prism_seq_repair(&h->seq);
+    prism_seq_write_begin(&h->seq);
     h->generation++;
     h->agent_pid = (uint64_t)getpid();
-    write_end(&h->seq);
+    prism_seq_write_end(&h->seq);
     return PRISM_OK;
 }
 
@@ -216,27 +111,20 @@ prism_status prism_hints_open(prism_hints *t, const char *path, prism_error *err
         return prism_error_set(err, PRISM_ERR_INVALID, "prism_hints_open: %s is NULL", !t ? "t" : "path");
     memset(t, 0, sizeof *t);
     t->fd = -1;
-    return open_existing(t, path, 0, err);
+    return open_existing(t, path, 0, true, err); /* the trainer writes its line */
 }
 
 bool prism_hints_replaced(const prism_hints *t, const char *path)
 {
-    if (!t || !t->h || !path)
-        return true;
-    struct stat now, mine;
-    if (stat(path, &now) != 0 || fstat(t->fd, &mine) != 0)
-        return true;
-    return now.st_ino != mine.st_ino || now.st_dev != mine.st_dev;
+    return !t || !t->h || !path || prism_shm_replaced(t->fd, path);
 }
 
 void prism_hints_close(prism_hints *t)
 {
     if (!t)
         return;
-    if (t->h) {
-        munmap(t->h, t->bytes);
-        close(t->fd);
-    }
+    prism_shm_map m = {t->h, t->bytes, t->fd};
+    prism_shm_unmap(&m);
     memset(t, 0, sizeof *t);
     t->fd = -1;
 }
@@ -272,7 +160,7 @@ bool prism_hints_read_trainer(const prism_hints *t, prism_hints_trainer *out)
         return false;
     const prism_hints_header *h = t->h;
     for (unsigned i = 0; i < 64; i++) {
-        uint64_t start = read_begin(&h->applied_seq);
+        uint64_t start = prism_seq_read_begin(&h->applied_seq);
         if (start == UINT64_MAX)
             continue;
         prism_hints_trainer line;
@@ -282,7 +170,7 @@ bool prism_hints_read_trainer(const prism_hints *t, prism_hints_trainer *out)
         line.reports_dropped = h->reports_dropped;
         line.late_switches = h->late_switches;
         line.ext = h->ext;
-        if (!read_end(&h->applied_seq, start))
+        if (!prism_seq_read_end(&h->applied_seq, start))
             continue;
         if (line.published == 0) {
             line.reports_dropped = line.late_switches = 0;
@@ -384,7 +272,7 @@ prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint6
     unsigned slot = choose_slot(t);
     prism_hints_slot *sl = &h->slots[slot];
     uint8_t *bytes = slot_bytes(t, slot);
-    write_begin(&h->seq);
+    prism_seq_write_begin(&h->seq);
     sl->map_version = 0; /* a writer that dies from here on leaves an empty slot */
     atomic_signal_fence(memory_order_seq_cst);
     if (n_blocks > 0)
@@ -397,7 +285,7 @@ prism_status prism_hints_publish_map(prism_hints *t, uint64_t map_version, uint6
     h->slot_written[slot].ns = now_ns();
     atomic_signal_fence(memory_order_seq_cst);
     sl->map_version = map_version;
-    write_end(&h->seq);
+    prism_seq_write_end(&h->seq);
     return PRISM_OK;
 }
 
@@ -407,22 +295,22 @@ void prism_hints_set_status(prism_hints *t, bool upstream_connected, bool calibr
     if (!t || !t->h)
         return;
     prism_hints_header *h = t->h;
-    write_begin(&h->seq);
+    prism_seq_write_begin(&h->seq);
     h->upstream_connected = upstream_connected;
     h->calibration_needed = calibration_needed;
     h->run_calibration = run_calibration;
     h->calibration_samples = calibration_samples;
     h->low_precision = (uint32_t)low_precision;
-    write_end(&h->seq);
+    prism_seq_write_end(&h->seq);
 }
 
 void prism_hints_set_runtime(prism_hints *t, const prism_runtime_hints *hints)
 {
     if (!t || !t->h || !hints)
         return;
-    write_begin(&t->h->seq);
+    prism_seq_write_begin(&t->h->seq);
     t->h->hints = *hints;
-    write_end(&t->h->seq);
+    prism_seq_write_end(&t->h->seq);
 }
 
 /* ---- the trainer's side ------------------------------------------------------------------- */
@@ -436,7 +324,7 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
     if (tries == 0)
         tries = 1;
     for (unsigned attempt = 0; attempt < tries; attempt++) {
-        uint64_t start = read_begin(&h->seq);
+        uint64_t start = prism_seq_read_begin(&h->seq);
         if (start == UINT64_MAX)
             continue;
         prism_hints_view v;
@@ -471,7 +359,7 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
         v.calibration_samples = h->calibration_samples;
         v.low_precision = (prism_precision)h->low_precision;
         v.hints = h->hints;
-        if (!read_end(&h->seq, start))
+        if (!prism_seq_read_end(&h->seq, start))
             continue;
         if (copied < cap)
             memset(out + copied, PRISM_PRECISION_BF16, cap - copied);
@@ -486,11 +374,11 @@ void prism_hints_write_applied(prism_hints *t, uint64_t map_version, uint64_t st
     if (!t || !t->h)
         return;
     prism_hints_header *h = t->h;
-    write_begin(&h->applied_seq);
+    prism_seq_write_begin(&h->applied_seq);
     h->applied_version = map_version;
     h->applied_step = step;
     h->trainer_pid = t->pid;
-    write_end(&h->applied_seq);
+    prism_seq_write_end(&h->applied_seq);
 }
 
 void prism_hints_write_trainer(prism_hints *t, const prism_hints_trainer *line)
@@ -498,7 +386,7 @@ void prism_hints_write_trainer(prism_hints *t, const prism_hints_trainer *line)
     if (!t || !t->h || !line)
         return;
     prism_hints_header *h = t->h;
-    write_begin(&h->applied_seq);
+    prism_seq_write_begin(&h->applied_seq);
     h->applied_version = line->applied_version;
     h->applied_step = line->applied_step;
     h->trainer_pid = t->pid;
@@ -506,5 +394,5 @@ void prism_hints_write_trainer(prism_hints *t, const prism_hints_trainer *line)
     h->reports_dropped = line->reports_dropped;
     h->late_switches = line->late_switches;
     h->ext = line->ext;
-    write_end(&h->applied_seq);
+    prism_seq_write_end(&h->applied_seq);
 }

@@ -1,16 +1,14 @@
-/* The shared-memory plan file (plans.h): file handling, the agent's seqlock writer and the
- * trainer's bounded reader. The seqlock's ordering is the hint table's (hints.c): the writer
- * stores seq + 1, a release fence, the data, seq + 2 with release; a reader loads seq with
- * acquire, copies, an acquire fence, and keeps the copy when seq is the same even number. */
+/* The shared-memory plan file (plans.h): the agent's seqlock writer and the trainer's bounded
+ * reader. The file handling and the seqlock are the hint table's (shm_table.h). */
 #define _GNU_SOURCE
 #include "plans.h"
+#include "shm_table.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,136 +16,46 @@
 #error "the plan file is little-endian and mapped as native structs"
 #endif
 
-static size_t file_bytes_for(uint32_t max_blocks)
-{
-    return (size_t)PRISM_PLANS_HEADER_BYTES + (size_t)PRISM_PLANS_SLOTS * max_blocks;
-}
-
 static uint8_t *slot_blocks(const prism_plans *t, unsigned slot)
 {
     return t->blocks + (size_t)slot * t->h->max_blocks;
 }
 
-static void write_begin(_Atomic uint64_t *seq)
-{
-    uint64_t s = atomic_load_explicit(seq, memory_order_relaxed);
-    atomic_store_explicit(seq, s + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-}
-
-static void write_end(_Atomic uint64_t *seq)
-{
-    uint64_t s = atomic_load_explicit(seq, memory_order_relaxed);
-    atomic_store_explicit(seq, s + 1, memory_order_release);
-}
-
 /* ---- files -------------------------------------------------------------------------------- */
 
-static prism_status map_fd(prism_plans *t, int fd, size_t bytes, bool writable, const char *path, prism_error *err)
+static const prism_shm_kind plans_kind = {
+    .what = "a Prism plan file",
+    .magic = PRISM_PLANS_MAGIC,
+    .layout_version = PRISM_PLANS_LAYOUT_VERSION,
+    .max_blocks_limit = PRISM_PLANS_MAX_BLOCKS_LIMIT,
+    .header_bytes = PRISM_PLANS_HEADER_BYTES,
+    .slots = PRISM_PLANS_SLOTS,
+    .init = NULL, /* zeros: every slot empty, seq 0 */
+};
+
+_Static_assert(offsetof(prism_plans_header, magic) == offsetof(prism_shm_prefix, magic) &&
+                   offsetof(prism_plans_header, layout_version) == offsetof(prism_shm_prefix, layout_version) &&
+                   offsetof(prism_plans_header, max_blocks) == offsetof(prism_shm_prefix, max_blocks) &&
+                   offsetof(prism_plans_header, file_bytes) == offsetof(prism_shm_prefix, file_bytes),
+               "the plan file starts with the shared prefix");
+
+/* Takes a mapping made by prism_shm_open or prism_shm_create. */
+static void adopt(prism_plans *t, const prism_shm_map *m)
 {
-    void *p = mmap(NULL, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return prism_error_set(err, PRISM_ERR_IO, "%s: mmap of %zu bytes: %s", path, bytes, strerror(errno));
-    t->h = p;
-    t->blocks = (uint8_t *)p + PRISM_PLANS_HEADER_BYTES;
-    t->bytes = bytes;
-    t->fd = fd;
-    return PRISM_OK;
+    t->h = m->base;
+    t->blocks = (uint8_t *)m->base + PRISM_PLANS_HEADER_BYTES;
+    t->bytes = m->bytes;
+    t->fd = m->fd;
 }
 
-/* Checks a header against its file's size; PRISM_ERR_INVALID naming the field. want_max_blocks
- * 0 accepts any valid count (the trainer's side). */
-static prism_status check_header(const prism_plans_header *h, size_t file_size, uint32_t want_max_blocks,
-                                 const char *path, prism_error *err)
-{
-    if (h->magic != PRISM_PLANS_MAGIC)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: magic 0x%016llx is not a Prism plan file (0x%016llx)",
-                               path, (unsigned long long)h->magic, (unsigned long long)PRISM_PLANS_MAGIC);
-    if (h->layout_version != PRISM_PLANS_LAYOUT_VERSION)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: layout_version %u, this build reads %u", path,
-                               h->layout_version, PRISM_PLANS_LAYOUT_VERSION);
-    if (h->max_blocks == 0 || h->max_blocks > PRISM_PLANS_MAX_BLOCKS_LIMIT)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: max_blocks %u is outside [1, %u]", path, h->max_blocks,
-                               PRISM_PLANS_MAX_BLOCKS_LIMIT);
-    if (want_max_blocks && h->max_blocks != want_max_blocks)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: max_blocks %u, wanted %u", path, h->max_blocks,
-                               want_max_blocks);
-    size_t want = file_bytes_for(h->max_blocks);
-    if (h->file_bytes != want)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: file_bytes %llu, max_blocks %u needs %zu", path,
-                               (unsigned long long)h->file_bytes, h->max_blocks, want);
-    if (file_size != want)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: file size %zu bytes, max_blocks %u needs %zu", path,
-                               file_size, h->max_blocks, want);
-    return PRISM_OK;
-}
-
-/* Maps an existing file and checks it. PRISM_ERR_NOT_FOUND when there is none, PRISM_ERR_INVALID
- * when it is not a plan file this build reads (or not of want_max_blocks). */
 static prism_status open_existing(prism_plans *t, const char *path, uint32_t want_max_blocks, bool writable,
                                   prism_error *err)
 {
-    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0)
-        return prism_error_set(err, errno == ENOENT ? PRISM_ERR_NOT_FOUND : PRISM_ERR_IO, "%s: %s", path,
-                               strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        prism_status s = prism_error_set(err, PRISM_ERR_IO, "%s: fstat: %s", path, strerror(errno));
-        close(fd);
-        return s;
-    }
-    if (!S_ISREG(st.st_mode) || (size_t)st.st_size < PRISM_PLANS_HEADER_BYTES) {
-        close(fd);
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: size %lld is smaller than the header", path,
-                               (long long)st.st_size);
-    }
-    prism_status s = map_fd(t, fd, (size_t)st.st_size, writable, path, err);
-    if (s != PRISM_OK) {
-        close(fd);
-        return s;
-    }
-    s = check_header(t->h, (size_t)st.st_size, want_max_blocks, path, err);
-    if (s != PRISM_OK) {
-        prism_plans_close(t);
-        return s;
-    }
-    return PRISM_OK;
-}
-
-/* Writes a fresh empty file beside path and renames it over path: nobody maps a half-written
- * one, and a trainer's mapping of the old file stays valid. */
-static prism_status create_fresh(prism_plans *t, const char *path, uint32_t max_blocks, prism_error *err)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: path too long", path);
-    unlink(tmp);
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
-    if (fd < 0)
-        return prism_error_set(err, PRISM_ERR_IO, "%s: create: %s", tmp, strerror(errno));
-    size_t bytes = file_bytes_for(max_blocks);
-    prism_status s = PRISM_OK;
-    if (fchmod(fd, 0660) != 0 || ftruncate(fd, (off_t)bytes) != 0)
-        s = prism_error_set(err, PRISM_ERR_IO, "%s: size %zu: %s", tmp, bytes, strerror(errno));
+    prism_shm_map m;
+    prism_status s = prism_shm_open(&plans_kind, path, want_max_blocks, writable, &m, err);
     if (s == PRISM_OK)
-        s = map_fd(t, fd, bytes, true, tmp, err);
-    if (s != PRISM_OK) {
-        close(fd);
-        unlink(tmp);
-        return s;
-    }
-    t->h->magic = PRISM_PLANS_MAGIC; /* ftruncate gave zeros: every slot empty, seq 0 */
-    t->h->layout_version = PRISM_PLANS_LAYOUT_VERSION;
-    t->h->max_blocks = max_blocks;
-    t->h->file_bytes = bytes;
-    if (rename(tmp, path) != 0) {
-        s = prism_error_set(err, PRISM_ERR_IO, "%s: rename from %s: %s", path, tmp, strerror(errno));
-        prism_plans_close(t);
-        unlink(tmp);
-        return s;
-    }
-    return PRISM_OK;
+        adopt(t, &m);
+    return s;
 }
 
 prism_status prism_plans_create(prism_plans *t, const char *path, uint32_t max_blocks, prism_error *err)
@@ -164,19 +72,19 @@ prism_status prism_plans_create(prism_plans *t, const char *path, uint32_t max_b
     if (s == PRISM_ERR_IO)
         return prism_error_set(err, s, "%s", ignored.message);
     if (s != PRISM_OK) {
-        s = create_fresh(t, path, max_blocks, err);
+        prism_shm_map m;
+        s = prism_shm_create(&plans_kind, path, max_blocks, &m, err);
         if (s != PRISM_OK)
             return s;
+        adopt(t, &m);
     }
     prism_plans_header *h = t->h;
     /* A writer that died mid-write left seq odd and its slot empty (the write order). */
-    uint64_t seq = atomic_load_explicit(&h->seq, memory_order_relaxed);
-    if (seq & 1)
-        atomic_store_explicit(&h->seq, seq + 1, memory_order_relaxed);
-    write_begin(&h->seq);
+    prism_seq_repair(&h->seq);
+    prism_seq_write_begin(&h->seq);
     h->generation++;
     h->agent_pid = (uint64_t)getpid();
-    write_end(&h->seq);
+    prism_seq_write_end(&h->seq);
     return PRISM_OK;
 }
 
@@ -198,22 +106,15 @@ uint64_t prism_plans_seq(const prism_plans *t)
 
 bool prism_plans_replaced(const prism_plans *t, const char *path)
 {
-    if (!t || !t->h || !path)
-        return true;
-    struct stat now, mine;
-    if (stat(path, &now) != 0 || fstat(t->fd, &mine) != 0)
-        return true;
-    return now.st_ino != mine.st_ino || now.st_dev != mine.st_dev;
+    return !t || !t->h || !path || prism_shm_replaced(t->fd, path);
 }
 
 void prism_plans_close(prism_plans *t)
 {
     if (!t)
         return;
-    if (t->h) {
-        munmap(t->h, t->bytes);
-        close(t->fd);
-    }
+    prism_shm_map m = {t->h, t->bytes, t->fd};
+    prism_shm_unmap(&m);
     memset(t, 0, sizeof *t);
     t->fd = -1;
 }
@@ -287,7 +188,7 @@ prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry,
     unsigned slot = choose_slot(t, entry->map_version, keep, n_keep);
     prism_plans_slot *sl = &h->slots[slot];
     uint8_t *bytes = slot_blocks(t, slot);
-    write_begin(&h->seq);
+    prism_seq_write_begin(&h->seq);
     sl->map_version = 0; /* a writer that dies from here on leaves an empty slot */
     atomic_signal_fence(memory_order_seq_cst);
     if (n_blocks > 0)
@@ -306,7 +207,7 @@ prism_status prism_plans_publish(prism_plans *t, const prism_plans_entry *entry,
     memcpy(sl->device_class, entry->device_class, len);
     atomic_signal_fence(memory_order_seq_cst);
     sl->map_version = entry->map_version;
-    write_end(&h->seq);
+    prism_seq_write_end(&h->seq);
     return PRISM_OK;
 }
 
@@ -320,7 +221,7 @@ bool prism_plans_clear(prism_plans *t, uint64_t map_version)
         held = h->slots[i].map_version == map_version;
     if (!held)
         return false;
-    write_begin(&h->seq);
+    prism_seq_write_begin(&h->seq);
     for (unsigned i = 0; i < PRISM_PLANS_SLOTS; i++) {
         if (h->slots[i].map_version != map_version)
             continue;
@@ -330,7 +231,7 @@ bool prism_plans_clear(prism_plans *t, uint64_t map_version)
         h->slots[i].n_blocks = 0;
         h->slots[i].low_blocks = 0;
     }
-    write_end(&h->seq);
+    prism_seq_write_end(&h->seq);
     return true;
 }
 
@@ -345,8 +246,8 @@ prism_plans_found prism_plans_read(const prism_plans *t, uint64_t map_version, p
     if (tries == 0)
         tries = 1;
     for (unsigned attempt = 0; attempt < tries; attempt++) {
-        uint64_t start = atomic_load_explicit((_Atomic uint64_t *)&h->seq, memory_order_acquire);
-        if (start & 1)
+        uint64_t start = prism_seq_read_begin(&h->seq);
+        if (start == UINT64_MAX)
             continue;
         unsigned use = PRISM_PLANS_SLOTS;
         for (unsigned i = 0; i < PRISM_PLANS_SLOTS && use == PRISM_PLANS_SLOTS; i++)
@@ -363,8 +264,7 @@ prism_plans_found prism_plans_read(const prism_plans *t, uint64_t map_version, p
             if (copied > 0)
                 memcpy(out, slot_blocks(t, use), copied);
         }
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit((_Atomic uint64_t *)&h->seq, memory_order_relaxed) != start)
+        if (!prism_seq_read_end(&h->seq, start))
             continue;
         if (use == PRISM_PLANS_SLOTS)
             return PRISM_PLANS_NONE;
