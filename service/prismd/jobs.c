@@ -81,6 +81,9 @@ struct prismd_job {
     int64_t saved_active_ms; /* the last_active_ms the store has */
     uint64_t decisions;     /* made since prismd started */
     prismd_plans *plans;    /* hybrid-device compute plans (DESIGN 11) */
+    bool map_unsent;        /* the map in memory is not yet saved or not yet sent (a save or a
+                             * broadcast failed): saved then broadcast at the next decision or tick */
+    int64_t unsent_retry_ms; /* monotonic ms of the next retry at a tick */
 };
 
 struct prismd_jobs {
@@ -162,7 +165,8 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     job->summary = saved->summary;
     job->decided_unix = saved->has_summary ? saved->decided_unix : NAN;
     prism_error perr;
-    if (saved->has_plan_row && !prismd_plans_restore(job->plans, &saved->plan, &perr))
+    if (saved->has_plan_row &&
+        !prismd_plans_restore(job->plans, &saved->plan, prism_policy_config(job->policy)->hybrid, &perr))
         prism_log(PRISM_LOG_ERROR, "the stored hybrid plan is not restored", "job", job->id, "error", perr.message,
                   LOG_END);
     /* Idle from the restart until the store says otherwise; saved_active_ms 0 (never saved) makes
@@ -362,6 +366,8 @@ static bool rank_hello(prismd_job *job, const Prism__V1__Hello *h)
         free(name);
         return false;
     }
+    if (!f->has_device != !d || (d && (!f->device_class || strcmp(f->device_class, cls) != 0)))
+        prismd_plans_classes_changed(job->plans);
     prismd_rank_facts_clear(f);
     f->has_ack = false;
     f->acked_map_version = f->applied_step = 0;
@@ -402,7 +408,7 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     prism_idmap_init(&job->name_ix);
     prism_idmap_init(&job->block_ix);
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
-    job->plans = prismd_plans_create();
+    job->plans = prismd_plans_create(j->limits.hybrid_max_pairs, j->limits.hybrid_max_classes);
     job->token = token && token[0] ? strdup(token) : NULL;
     if (!job->merger || !job->plans || (token && token[0] && !job->token) ||
         prism_merger_set_limits(job->merger, PRISM_MERGE_MAX_OPEN_STEPS, j->limits.max_blocks, &err)) {
@@ -539,8 +545,8 @@ static const prismd_plan_class *agent_plan(prismd_job *job, uint32_t rank)
     return f && f->has_device ? prismd_plans_class(job->plans, f->device_class) : NULL;
 }
 
-/* c as the wire's ComputePlan (pointing into c). */
-static void fill_compute_plan(const prismd_job *job, const prismd_plan_class *c, Prism__V1__ComputePlan *cp)
+/* c as the wire's ComputePlan (pointing into c), with the plan's predicted iteration time. */
+static void fill_compute_plan(const prismd_plan_class *c, double iteration_seconds, Prism__V1__ComputePlan *cp)
 {
     prism__v1__compute_plan__init(cp);
     cp->device_class = c->name;
@@ -548,7 +554,7 @@ static void fill_compute_plan(const prismd_job *job, const prismd_plan_class *c,
     cp->high_format = (char *)c->high_format;
     cp->n_low_blocks = c->nlow;
     cp->low_blocks = c->low_blocks;
-    cp->predicted_iteration_seconds = prismd_plans_iteration_seconds(job->plans);
+    cp->predicted_iteration_seconds = iteration_seconds;
     cp->compute_seconds = c->compute_seconds;
 }
 
@@ -566,54 +572,62 @@ static prismd_message *update_message(Prism__V1__PrecisionUpdate *u)
 }
 
 /* Sends the job's current map to every agent (as a ServiceMessage, with its class's compute
- * plan when the plan in force has one: one packed message per class) and watcher (as a bare
- * PrecisionUpdate, never with a plan). */
-static void broadcast_map(prismd_jobs *j, prismd_job *job)
+ * plan when the plan in force has one: one packed message per class that has a plan) and
+ * watcher (as a bare PrecisionUpdate, never with a plan). Either every stream gets its message or
+ * none does: false (logged, counted) when memory runs out, the map then stays to be sent. */
+static bool broadcast_map(prismd_jobs *j, prismd_job *job)
 {
     Prism__V1__PrecisionUpdate u;
     map_storage st;
     if (!map_build(job, &u, &st)) {
         map_free(&st);
-        prism_log(PRISM_LOG_ERROR, "out of memory building a map", "job", job->id, LOG_END);
-        return;
+        prism_log(PRISM_LOG_ERROR, "out of memory building a map; it is sent later", "job", job->id, LOG_END);
+        j->counters.maps_unsent++;
+        return false;
     }
     /* One copy of each message however many streams it goes to (stream.h). */
-    prismd_message *base = update_message(&u);
     size_t nclasses = prismd_plans_class_count(job->plans);
+    prismd_message *base = update_message(&u);
     prismd_message **per_class = nclasses ? calloc(nclasses, sizeof *per_class) : NULL;
-    for (size_t i = 0; base && i < job->nagents; i++) {
-        const prismd_plan_class *c = per_class ? agent_plan(job, job->agents[i].rank) : NULL;
-        prismd_message *msg = base;
-        if (c) {
-            size_t k = (size_t)(c - prismd_plans_class_at(job->plans, 0));
-            if (!per_class[k]) {
-                Prism__V1__ComputePlan cp;
-                fill_compute_plan(job, c, &cp);
-                u.compute_plan = &cp;
-                per_class[k] = update_message(&u);
-                u.compute_plan = NULL;
-            }
-            msg = per_class[k];
-        }
-        if (!msg)
-            continue;
-        prismd_stream_send_message(job->agents[i].stream, msg);
-        j->counters.updates_sent++;
+    bool ok = base && (!nclasses || per_class);
+    double t = prismd_plans_iteration_seconds(job->plans);
+    for (size_t k = 0; ok && k < nclasses; k++) {
+        const prismd_plan_class *c = prismd_plans_class_at(job->plans, k);
+        Prism__V1__ComputePlan cp;
+        fill_compute_plan(c, t, &cp);
+        u.compute_plan = &cp;
+        ok = (per_class[k] = update_message(&u)) != NULL;
+        u.compute_plan = NULL;
     }
+    prismd_message *umsg = NULL;
+    if (ok && job->nwatchers) {
+        size_t ulen;
+        uint8_t *ubuf = pack_update(&u, &ulen);
+        umsg = ubuf ? prismd_message_create(ubuf, ulen) : NULL;
+        free(ubuf);
+        ok = umsg != NULL;
+    }
+    if (ok) {
+        for (size_t i = 0; i < job->nagents; i++) {
+            const prismd_plan_class *c = agent_plan(job, job->agents[i].rank);
+            prismd_message *msg = c ? per_class[c - prismd_plans_class_at(job->plans, 0)] : base;
+            prismd_stream_send_message(job->agents[i].stream, msg);
+            j->counters.updates_sent++;
+        }
+        for (size_t i = 0; i < job->nwatchers; i++)
+            prismd_stream_send_message(job->watchers[i].stream, umsg);
+    } else {
+        prism_log(PRISM_LOG_ERROR, "out of memory packing a map's messages; it is sent later", "job", job->id,
+                  LOG_END);
+        j->counters.maps_unsent++;
+    }
+    prismd_message_release(umsg);
     prismd_message_release(base);
     for (size_t k = 0; per_class && k < nclasses; k++)
         prismd_message_release(per_class[k]);
     free(per_class);
-    if (job->nwatchers) {
-        size_t ulen;
-        uint8_t *ubuf = pack_update(&u, &ulen);
-        prismd_message *umsg = ubuf ? prismd_message_create(ubuf, ulen) : NULL;
-        free(ubuf);
-        for (size_t i = 0; umsg && i < job->nwatchers; i++)
-            prismd_stream_send_message(job->watchers[i].stream, umsg);
-        prismd_message_release(umsg);
-    }
     map_free(&st);
+    return ok;
 }
 
 /* ---- the calibration cache (DESIGN 4.5) ---- */
@@ -701,10 +715,14 @@ static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, uint
         send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
+    /* The last durable plan of the rank's class: a plan is durable before it is sent (DESIGN 7). */
     Prism__V1__ComputePlan cp;
-    const prismd_plan_class *plan = agent_plan(job, rank);
+    const prismd_rank_facts *facts = rank_find(job, rank);
+    double t = 0;
+    const prismd_plan_class *plan =
+        facts && facts->has_device ? prismd_plans_durable_class(job->plans, facts->device_class, &t) : NULL;
     if (plan) {
-        fill_compute_plan(job, plan, &cp);
+        fill_compute_plan(plan, t, &cp);
         u.compute_plan = &cp;
     }
     Prism__V1__Welcome w = PRISM__V1__WELCOME__INIT;
@@ -1058,16 +1076,14 @@ static void log_changes(const prismd_job *job, const prism_step_result *r)
 /* Plans the job's hybrid compute plans at a decision (DESIGN 11) from the decision's merged step.
  * A plan whose per-class low sets differ from those in force goes out with a map: the decision's
  * own when it changed the map, else a new version of the same precisions committed here (r is
- * updated as if the decision had changed the map). true, with *row filled, when the store must
- * keep the plan state with this decision's state. */
-static bool plan_at_decision(prismd_job *job, const prism_merged_step *m, prism_step_result *r, prismd_plan_row *row)
+ * updated as if the decision had changed the map). */
+static void plan_at_decision(prismd_job *job, const prism_merged_step *m, prism_step_result *r)
 {
     bool changed = false;
     if (!prismd_plans_gradients(job->plans, m->blocks, m->count))
         prism_log(PRISM_LOG_ERROR, "out of memory keeping gradient statistics for hybrid plans", "job", job->id,
                   LOG_END);
-    prismd_plan_outcome o = prismd_plans_decide(job->plans, job->id, prism_policy_config(job->policy), job->ranks,
-                                                job->nranks, &changed);
+    prismd_plans_decide(job->plans, job->id, prism_policy_config(job->policy), job->ranks, job->nranks, &changed);
     if (changed) {
         if (!r->map_changed) {
             r->map_version = prism_policy_bump_version(job->policy);
@@ -1080,9 +1096,35 @@ static bool plan_at_decision(prismd_job *job, const prism_merged_step *m, prism_
         prismd_plans_set_map(job->plans, prism_policy_map_version(job->policy), job->decided_step,
                              job->effective_step);
     }
-    if (o != PRISMD_PLAN_PLANNED && o != PRISMD_PLAN_REFUSED && o != PRISMD_PLAN_WITHDRAWN)
+}
+
+/* Saves the job's state (with its plan row while that changed since the store took it) and
+ * then, when the map changed or an earlier one is still unsent, sends it. A map is durable
+ * before it is sent (DESIGN 7): a failed save leaves it unsent (map_unsent), retried by the next
+ * decision or tick. false: the save failed (logged, counted). */
+static bool save_and_send(prismd_jobs *j, prismd_job *job, const prism_change *changes, size_t change_count,
+                          bool map_changed, int64_t now_ms)
+{
+    prism_error err;
+    prismd_plan_row row;
+    bool with_row = prismd_plans_row_dirty(job->plans);
+    if (with_row)
+        prismd_plans_row(job->plans, &row);
+    if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
+                                            changes, change_count, job->has_summary ? &job->summary : NULL,
+                                            job->decided_unix, with_row ? &row : NULL, &err)) {
+        j->counters.store_errors++;
+        job->map_unsent = job->map_unsent || map_changed;
+        job->unsent_retry_ms = now_ms + 1000;
+        prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
+                  err.message, LOG_END);
         return false;
-    prismd_plans_row(job->plans, row);
+    }
+    prismd_plans_saved(job->plans);
+    if (map_changed || job->map_unsent) {
+        job->map_unsent = !broadcast_map(j, job);
+        job->unsent_retry_ms = now_ms + 1000;
+    }
     return true;
 }
 
@@ -1131,21 +1173,12 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             job->effective_step = r.effective_step;
             j->urgent = true;
         }
-        prismd_plan_row plan_row;
-        bool save_plan = r.decided && plan_at_decision(job, &m, &r, &plan_row);
+        if (r.decided)
+            plan_at_decision(job, &m, &r);
         if (!r.decided && !r.map_changed)
             continue;
-        /* A map is durable before it is sent (DESIGN 7). */
-        if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
-                                                r.changes, r.change_count, job->has_summary ? &job->summary : NULL,
-                                                job->decided_unix, save_plan ? &plan_row : NULL, &err)) {
-            j->counters.store_errors++;
-            prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
-                       err.message, LOG_END);
+        if (!save_and_send(j, job, r.changes, r.change_count, r.map_changed, now_ms))
             continue;
-        }
-        if (r.map_changed)
-            broadcast_map(j, job);
         log_changes(job, &r);
         if (r.decided)
             write_telemetry(j, job, &r.summary, job->decided_unix, m.has_loss ? &m.loss : NULL);
@@ -1654,6 +1687,7 @@ static void publish(prismd_jobs *j)
     snap->decisions = c->decisions;
     snap->updates_sent = c->updates_sent;
     snap->store_errors = c->store_errors;
+    snap->maps_unsent = c->maps_unsent;
     snap->agents_refused = c->streams_refused;
     snap->streams_broken = c->streams_broken;
     snap->reports_step_out_of_range = c->reports_step_out_of_range;
@@ -1785,6 +1819,12 @@ int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
         prismd_job *job = j->jobs[i];
         drain_steps(j, job, now_ms);
         int64_t wait = prism_merger_wait_ms(job->merger, now_ms);
+        if (job->map_unsent) { /* a map not saved or not sent: retried once a second */
+            if (now_ms >= job->unsent_retry_ms && save_and_send(j, job, NULL, 0, false, now_ms))
+                j->urgent = true;
+            if (job->map_unsent && (wait < 0 || wait > 1000))
+                wait = 1000;
+        }
         if (wait >= 0 && (next < 0 || wait < next))
             next = wait;
     }

@@ -55,6 +55,8 @@ typedef struct prismd_jobs_limits {
     bool require_provisioned_tokens; /* a Hello for a job without a provisioned token is refused */
     int64_t idle_expiry_ms;  /* a job without agents and activity this long is deleted; 0: never */
     const prismd_memory_limits *mem; /* auto-created jobs per address, telemetry rotation; NULL: none */
+    size_t hybrid_max_pairs;   /* (class, block) pairs of non-fixed classes one hybrid plan may have */
+    size_t hybrid_max_classes; /* device classes a hybrid plan may have */
 } prismd_jobs_limits;
 
 typedef struct prismd_jobs_counters {
@@ -78,6 +80,7 @@ typedef struct prismd_jobs_counters {
     uint64_t jobs_expired;     /* by --job-idle-expiry */
     uint64_t tensor_stats_accepted; /* BlockTensorStats entries kept for hybrid plans */
     uint64_t tensor_stats_refused;  /* refused: an unknown block, a negative or non-finite figure */
+    uint64_t maps_unsent;           /* maps not broadcast for want of memory (retried later) */
 } prismd_jobs_counters;
 
 /* Restores every job saved in store (which may be NULL: nothing is kept). The store stays the

@@ -71,6 +71,7 @@ typedef struct prismd_options {
     size_t stream_buffer_bytes;
     size_t max_jobs;
     size_t max_blocks;
+    size_t hybrid_max_pairs, hybrid_max_classes;
     bool auto_create;
     prismd_memory_limits mem; /* issue 12 item 5: what one client may make prismd hold */
     prismd_hints hints;
@@ -225,6 +226,16 @@ static prism_status set_max_jobs(prismd_options *opts, const char *value, prism_
 static prism_status set_max_blocks(prismd_options *opts, const char *value, prism_error *err)
 {
     return set_size(&opts->max_blocks, value, 1, 10000000, err);
+}
+
+static prism_status set_hybrid_max_pairs(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->hybrid_max_pairs, value, 1, 1u << 24, err);
+}
+
+static prism_status set_hybrid_max_classes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->hybrid_max_classes, value, 2, 4096, err);
 }
 
 /* The memory and disk limits of mem_limits.h. */
@@ -494,6 +505,12 @@ static const prismd_option prismd_option_table[] = {
     {"max-blocks", 0, "N", "100000", set_max_blocks,
      "distinct block ids per job at most; a report or layout with more is refused (a block costs ~800 bytes "
      "of memory with its statistics and ~140 bytes per telemetry record: 100,000 blocks ~80 MB, 14 MB a decision)"},
+    {"hybrid-max-pairs", 0, "N", "4096", set_hybrid_max_pairs,
+     "(device class, block) pairs of non-fixed classes a job's hybrid plan may have; more is refused (status "
+     "refused, the plan in force stays): planning runs on the single policy thread and costs O(pairs x blocks) "
+     "(10,000 blocks x 2 classes: ~0.64 s; 40,000 blocks: ~11.5 s, stalling every job's decisions)"},
+    {"hybrid-max-classes", 0, "N", "16", set_hybrid_max_classes,
+     "distinct device classes a job's hybrid plan may have; more is refused (status refused)"},
     /* What one client may make prismd hold (memory, disk): issue 12 item 5, mem_limits.h. */
     {"total-stream-buffer-bytes", 0, "N", "268435456", set_total_stream_buffer_bytes,
      "unsent bytes all gRPC calls together may hold (stream queues, GetBlockMap answers not taken; 0: no cap); "
@@ -1009,6 +1026,8 @@ static int prismd_serve(const prismd_options *opts, const prism_config *defaults
         .total_stream_buffer_bytes = opts->mem.total_stream_buffer_bytes,
         .limits = {.max_jobs = opts->max_jobs,
                    .max_blocks = opts->max_blocks,
+                   .hybrid_max_pairs = opts->hybrid_max_pairs,
+                   .hybrid_max_classes = opts->hybrid_max_classes,
                    .auto_create = opts->auto_create,
                    .admin_token = opts->admin_token,
                    .data_dir = opts->data_dir,

@@ -28,8 +28,23 @@ typedef struct plan_block {
     double g_l2, g_max_abs;
 } plan_block;
 
-/* The most (class, block) pairs one plan may have. */
-#define PRISMD_PLAN_MAX_PAIRS (1 << 24)
+/* The plan in force, immutable once made: the plan object's text (shared with snapshots) and
+ * what the agents of each class are sent. Reference counted on the policy thread: the plan in
+ * force and the last durable one may be the same. */
+typedef struct plan_obj {
+    unsigned refs;
+    prismd_shared_text *json;
+    prismd_plan_class *classes;
+    size_t nclasses;
+    size_t nblocks; /* L of the plan */
+    double iteration_seconds;
+} plan_obj;
+
+/* One device class of the job's ranks: its name and its lowest rank. */
+typedef struct class_entry {
+    char *name;
+    uint32_t rank;
+} class_entry;
 
 /* One (class, block) pair of the raise order. */
 typedef struct rank_pair {
@@ -41,13 +56,17 @@ struct prismd_plans {
     prism_idmap ix; /* block id -> index in blocks */
     plan_block *blocks;
     size_t nblocks, cap;
-    /* the plan in force */
-    bool has_plan;
-    char *plan_json;
-    double iteration_seconds;
-    prismd_plan_class *classes;
-    size_t nclasses;
+    size_t max_pairs, max_classes; /* --hybrid-max-pairs, --hybrid-max-classes */
+    /* the plan in force (NULL: none) and the last one the store holds (what Welcome carries) */
+    plan_obj *cur, *durable;
     uint64_t map_version, decided_step, effective_step;
+    bool row_dirty;        /* the row (plan, map, status) changed since the store last took it */
+    bool withdraw_pending; /* a stored plan not put in force (restart with hybrid false): the next
+                            * decision sends a map without plans */
+    /* the device classes of the ranks (name order), rebuilt when a Hello changes a rank's class */
+    class_entry *cls;
+    size_t ncls;
+    bool cls_stale;
     /* the last attempt: refused (with its message) or not, and what it planned from */
     bool refused;
     char message[512];
@@ -77,11 +96,40 @@ static void free_classes(prismd_plan_class *c, size_t n)
     free(c);
 }
 
-prismd_plans *prismd_plans_create(void)
+static void plan_release(plan_obj *o)
+{
+    if (!o || --o->refs)
+        return;
+    prismd_shared_text_release(o->json);
+    free_classes(o->classes, o->nclasses);
+    free(o);
+}
+
+static plan_obj *plan_retain(plan_obj *o)
+{
+    if (o)
+        o->refs++;
+    return o;
+}
+
+static void free_cls(prismd_plans *p)
+{
+    for (size_t k = 0; k < p->ncls; k++)
+        free(p->cls[k].name);
+    free(p->cls);
+    p->cls = NULL;
+    p->ncls = 0;
+}
+
+prismd_plans *prismd_plans_create(size_t max_pairs, size_t max_classes)
 {
     prismd_plans *p = calloc(1, sizeof *p);
-    if (p)
+    if (p) {
         prism_idmap_init(&p->ix);
+        p->max_pairs = max_pairs;
+        p->max_classes = max_classes;
+        p->cls_stale = true;
+    }
     return p;
 }
 
@@ -97,15 +145,11 @@ static void drop_attempt(prismd_plans *p)
     p->has_attempt = false;
 }
 
+/* No plan in force from now (the last durable one stays until the store takes the change). */
 static void drop_plan(prismd_plans *p)
 {
-    free(p->plan_json);
-    free_classes(p->classes, p->nclasses);
-    p->plan_json = NULL;
-    p->classes = NULL;
-    p->nclasses = 0;
-    p->has_plan = false;
-    p->iteration_seconds = 0;
+    plan_release(p->cur);
+    p->cur = NULL;
     p->map_version = p->decided_step = p->effective_step = 0;
 }
 
@@ -115,9 +159,76 @@ void prismd_plans_destroy(prismd_plans *p)
         return;
     drop_attempt(p);
     drop_plan(p);
+    plan_release(p->durable);
+    free_cls(p);
     prism_idmap_free(&p->ix);
     free(p->blocks);
     free(p);
+}
+
+void prismd_plans_classes_changed(prismd_plans *p)
+{
+    p->cls_stale = true;
+}
+
+static int compare_entries(const void *a, const void *b)
+{
+    const class_entry *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Rebuilds the class list from ranks when a Hello changed a class since the last build:
+ * O(R log R). false: out of memory (the list is then empty and stays stale). */
+static bool refresh_classes(prismd_plans *p, const prismd_rank_facts *ranks, size_t nranks)
+{
+    if (!p->cls_stale)
+        return true;
+    free_cls(p);
+    class_entry *e = malloc((nranks ? nranks : 1) * sizeof *e);
+    if (!e)
+        return false;
+    size_t n = 0;
+    for (size_t r = 0; r < nranks; r++)
+        if (ranks[r].has_device && ranks[r].device_class)
+            e[n++] = (class_entry){(char *)ranks[r].device_class, ranks[r].rank};
+    qsort(e, n, sizeof *e, compare_entries);
+    size_t u = 0;
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) {
+        if (u && strcmp(e[u - 1].name, e[i].name) == 0)
+            continue; /* the first of a name is its lowest rank */
+        e[u].rank = e[i].rank;
+        if (!(e[u].name = strdup(e[i].name))) {
+            ok = false;
+            break;
+        }
+        u++;
+    }
+    p->cls = e;
+    p->ncls = u;
+    if (!ok) {
+        free_cls(p);
+        return false;
+    }
+    p->cls_stale = false;
+    return true;
+}
+
+/* The facts of rank (ranks ascend), or NULL. */
+static const prismd_rank_facts *facts_of(const prismd_rank_facts *ranks, size_t nranks, uint32_t rank)
+{
+    size_t lo = 0, hi = nranks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ranks[mid].rank == rank)
+            return &ranks[mid];
+        if (ranks[mid].rank < rank)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
 }
 
 /* The block's entry, added when new; NULL when memory runs out. */
@@ -226,37 +337,6 @@ static uint64_t missing_blocks(const prismd_plans *p, size_t *L)
     return p->nblocks ? max + 1 - done : 0;
 }
 
-/* The job's device classes: names in byte order, each with the profile of its lowest rank. */
-typedef struct class_list {
-    size_t n;
-    const prismd_rank_facts **first; /* [n] the lowest rank of each class */
-} class_list;
-
-static int compare_first(const void *a, const void *b)
-{
-    const prismd_rank_facts *x = *(const prismd_rank_facts *const *)a, *y = *(const prismd_rank_facts *const *)b;
-    return strcmp(x->device_class, y->device_class);
-}
-
-static bool classes_of(const prismd_rank_facts *ranks, size_t nranks, class_list *out)
-{
-    out->n = 0;
-    out->first = malloc((nranks ? nranks : 1) * sizeof *out->first);
-    if (!out->first)
-        return false;
-    for (size_t r = 0; r < nranks; r++) {
-        if (!ranks[r].has_device || !ranks[r].device_class)
-            continue;
-        size_t k = 0;
-        while (k < out->n && strcmp(out->first[k]->device_class, ranks[r].device_class) != 0)
-            k++;
-        if (k == out->n)
-            out->first[out->n++] = &ranks[r]; /* ranks ascend: the first seen is the lowest */
-    }
-    qsort(out->first, out->n, sizeof *out->first, compare_first);
-    return true;
-}
-
 static int compare_pairs(const void *a, const void *b)
 {
     const rank_pair *x = a, *y = b;
@@ -289,12 +369,12 @@ static void set_refused(prismd_plans *p, const char *job_id, const char *message
 /* Whether the per-class low sets of classes differ from the plan in force's. */
 static bool low_sets_differ(const prismd_plans *p, const prismd_plan_class *c, size_t n)
 {
-    if (!p->has_plan || p->nclasses != n)
+    if (!p->cur || p->cur->nclasses != n)
         return true;
+    const prismd_plan_class *in = p->cur->classes;
     for (size_t k = 0; k < n; k++) {
-        if (strcmp(p->classes[k].name, c[k].name) != 0 || p->classes[k].nlow != c[k].nlow ||
-            p->classes[k].low_format != c[k].low_format ||
-            (c[k].nlow && memcmp(p->classes[k].low_blocks, c[k].low_blocks, c[k].nlow * sizeof *c[k].low_blocks)))
+        if (strcmp(in[k].name, c[k].name) != 0 || in[k].nlow != c[k].nlow || in[k].low_format != c[k].low_format ||
+            (c[k].nlow && memcmp(in[k].low_blocks, c[k].low_blocks, c[k].nlow * sizeof *c[k].low_blocks)))
             return true;
     }
     return false;
@@ -330,43 +410,63 @@ static double *inputs_of(const prism_hybrid_problem *pr, size_t *n)
     return v;
 }
 
+/* A refusal found before the ranking (too many classes): the same message as the last refusal
+ * counts again without a log line; another drops the last attempt and is logged. */
+static prismd_plan_outcome refuse_early(prismd_plans *p, const char *job_id, const char *why)
+{
+    if (p->refused && !p->has_attempt && strcmp(p->message, why) == 0) {
+        p->refusals++;
+        return PRISMD_PLAN_REFUSED;
+    }
+    drop_attempt(p);
+    set_refused(p, job_id, why);
+    p->row_dirty = true;
+    return PRISMD_PLAN_REFUSED;
+}
+
+/* Withdraws the plan in force (the caller sends a map without plans). */
+static void withdraw(prismd_plans *p)
+{
+    drop_attempt(p);
+    drop_plan(p);
+    p->row_dirty = true;
+}
+
 prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, const prism_config *cfg,
                                         const prismd_rank_facts *ranks, size_t nranks, bool *low_sets_changed)
 {
-    *low_sets_changed = false;
+    *low_sets_changed = p->withdraw_pending; /* a stored plan agents may still hold goes with a map */
+    bool withdrew = p->withdraw_pending;
+    p->withdraw_pending = false;
     if (!cfg->hybrid) {
         drop_attempt(p);
+        if (p->refused)
+            p->row_dirty = true;
         p->refused = false;
-        if (!p->has_plan)
-            return PRISMD_PLAN_NONE;
-        drop_plan(p);
+        p->message[0] = '\0';
+        if (!p->cur)
+            return withdrew ? PRISMD_PLAN_WITHDRAWN : PRISMD_PLAN_NONE;
+        withdraw(p);
         *low_sets_changed = true;
         return PRISMD_PLAN_WITHDRAWN;
     }
-    class_list cl;
-    if (!classes_of(ranks, nranks, &cl))
-        return PRISMD_PLAN_NONE;
+    if (!refresh_classes(p, ranks, nranks))
+        return withdrew ? PRISMD_PLAN_WITHDRAWN : PRISMD_PLAN_NONE;
     size_t L = 0;
     uint64_t missing = missing_blocks(p, &L);
-    if (cl.n < 2 || missing > 0 || L == 0) {
-        free(cl.first);
-        return PRISMD_PLAN_NONE;
+    /* Planning no longer applies to the plan in force: fewer than two classes, or another block count. */
+    if (p->cur && (p->ncls < 2 || L != p->cur->nblocks)) {
+        withdraw(p);
+        *low_sets_changed = withdrew = true;
     }
-    size_t C = cl.n;
-    if (C > PRISMD_PLAN_MAX_PAIRS / L) {
-        /* The model's arrays hold a format per (class, block): bounded here, not by the wire. */
-        char why[160];
-        snprintf(why, sizeof why, "%zu device classes x %zu blocks: more than %d (class, block) pairs to plan", C, L,
-                 PRISMD_PLAN_MAX_PAIRS);
-        free(cl.first);
-        bool again = p->refused && strcmp(p->message, why) == 0;
-        if (again) {
-            p->kept++;
-            return PRISMD_PLAN_KEPT;
-        }
-        drop_attempt(p);
-        set_refused(p, job_id, why);
-        return PRISMD_PLAN_REFUSED;
+    if (p->ncls < 2 || missing > 0 || L == 0)
+        return withdrew ? PRISMD_PLAN_WITHDRAWN : PRISMD_PLAN_NONE;
+    size_t C = p->ncls;
+    if (C > p->max_classes) {
+        char why[200];
+        snprintf(why, sizeof why, "%zu device classes: more than %zu to plan (prismd --hybrid-max-classes)", C,
+                 p->max_classes);
+        return refuse_early(p, job_id, why);
     }
     prismd_plan_outcome outcome = PRISMD_PLAN_NONE;
     prism_hybrid_block *blocks = calloc(L, sizeof *blocks);
@@ -394,7 +494,9 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
                                         b->g_l2, b->g_max_abs, b->y_numel};
     }
     for (size_t k = 0; k < C; k++) {
-        const prismd_rank_facts *f = cl.first[k];
+        const prismd_rank_facts *f = facts_of(ranks, nranks, p->cls[k].rank);
+        if (!f) /* the list is rebuilt at every Hello that changes a class: not reached */
+            goto done;
         classes[k] = (prism_hybrid_class){.name = f->device_class, .memory_bytes = (double)f->memory_bytes,
                                           .bf16_ops = f->bf16_ops_per_second, .fp16_ops = f->fp16_ops_per_second,
                                           .int8_ops = f->int8_ops_per_second, .fp8_ops = f->fp8_ops_per_second,
@@ -435,6 +537,16 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
     }
     if (!problem[0] && prism_hybrid_resolve(&pr, fm, &err))
         snprintf(problem, sizeof problem, "%.400s (classes in name order)", err.message);
+    if (!problem[0]) {
+        /* Planning runs on the policy thread and costs O(pairs x blocks): bounded by a flag. */
+        size_t pairs = 0;
+        for (size_t k = 0; k < C; k++)
+            pairs += fm[k].fixed ? 0 : L;
+        if (pairs > p->max_pairs)
+            snprintf(problem, sizeof problem,
+                     "%zu (class, block) pairs of non-fixed classes to plan: more than %zu (prismd --hybrid-max-pairs)",
+                     pairs, p->max_pairs);
+    }
     if (!(inputs = inputs_of(&pr, &ninputs)))
         goto done;
     if (!problem[0]) {
@@ -456,8 +568,13 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
     for (size_t r = 0; same && r < nranking; r++)
         same = p->attempt_ranking[r].cls == ranking[r].cls && p->attempt_ranking[r].block == ranking[r].block;
     if (same) {
-        p->kept++;
-        outcome = PRISMD_PLAN_KEPT;
+        if (p->refused) { /* the same refusal again: counted, not logged again */
+            p->refusals++;
+            outcome = PRISMD_PLAN_REFUSED;
+        } else {
+            p->kept++;
+            outcome = PRISMD_PLAN_KEPT;
+        }
         goto done;
     }
     drop_attempt(p);
@@ -473,6 +590,7 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
     inputs = NULL;
     if (problem[0]) {
         set_refused(p, job_id, problem);
+        p->row_dirty = true;
         outcome = PRISMD_PLAN_REFUSED;
         goto done;
     }
@@ -488,11 +606,13 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
         prism_buf_free(&m);
         prism_buf_free(&bud);
         set_refused(p, job_id, problem);
+        p->row_dirty = true;
         outcome = PRISMD_PLAN_REFUSED;
         goto done;
     }
     if (st) {
         set_refused(p, job_id, err.message);
+        p->row_dirty = true;
         outcome = PRISMD_PLAN_REFUSED;
         goto done;
     }
@@ -524,21 +644,28 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
             if (res.plan[k * L + i] != res.formats[k].high)
                 out[k].low_blocks[out[k].nlow++] = (uint32_t)i;
     }
-    *low_sets_changed = low_sets_differ(p, out, C);
+    plan_obj *o = calloc(1, sizeof *o);
+    prismd_shared_text *shared = o ? prismd_shared_text_create(json, strlen(json)) : NULL;
+    if (!shared) {
+        free(o);
+        free_classes(out, C);
+        out = NULL;
+        drop_attempt(p);
+        goto done;
+    }
+    *o = (plan_obj){.refs = 1, .json = shared, .classes = out, .nclasses = C, .nblocks = L,
+                    .iteration_seconds = res.iteration_seconds};
+    out = NULL;
+    *low_sets_changed |= low_sets_differ(p, o->classes, C);
     uint64_t mv = p->map_version, ds = p->decided_step, es = p->effective_step;
     drop_plan(p);
-    p->has_plan = true;
-    p->plan_json = json;
-    json = NULL;
-    p->classes = out;
-    p->nclasses = C;
-    out = NULL;
-    p->iteration_seconds = res.iteration_seconds;
+    p->cur = o;
     p->map_version = mv; /* until the caller names a new map */
     p->decided_step = ds;
     p->effective_step = es;
     p->refused = false;
     p->message[0] = '\0';
+    p->row_dirty = true;
     p->replans++;
     outcome = PRISMD_PLAN_PLANNED;
 done:
@@ -551,7 +678,8 @@ done:
     free(ranking);
     free(inputs);
     free_names(names, names ? C : 0);
-    free(cl.first);
+    if (withdrew && outcome == PRISMD_PLAN_NONE)
+        outcome = PRISMD_PLAN_WITHDRAWN;
     return outcome;
 }
 
@@ -560,29 +688,67 @@ void prismd_plans_set_map(prismd_plans *p, uint64_t map_version, uint64_t decide
     p->map_version = map_version;
     p->decided_step = decided_step;
     p->effective_step = effective_step;
+    p->row_dirty = true;
+}
+
+/* The class named device_class of o (its classes are in name order), or NULL. */
+static const prismd_plan_class *class_in(const plan_obj *o, const char *device_class)
+{
+    if (!o || !device_class)
+        return NULL;
+    size_t lo = 0, hi = o->nclasses;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(o->classes[mid].name, device_class);
+        if (!c)
+            return &o->classes[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
 }
 
 const prismd_plan_class *prismd_plans_class(const prismd_plans *p, const char *device_class)
 {
-    for (size_t k = 0; p->has_plan && device_class && k < p->nclasses; k++)
-        if (strcmp(p->classes[k].name, device_class) == 0)
-            return &p->classes[k];
-    return NULL;
+    return class_in(p->cur, device_class);
+}
+
+const prismd_plan_class *prismd_plans_durable_class(const prismd_plans *p, const char *device_class,
+                                                    double *iteration_seconds)
+{
+    *iteration_seconds = p->durable ? p->durable->iteration_seconds : 0;
+    return class_in(p->durable, device_class);
 }
 
 double prismd_plans_iteration_seconds(const prismd_plans *p)
 {
-    return p->iteration_seconds;
+    return p->cur ? p->cur->iteration_seconds : 0;
 }
 
 size_t prismd_plans_class_count(const prismd_plans *p)
 {
-    return p->has_plan ? p->nclasses : 0;
+    return p->cur ? p->cur->nclasses : 0;
 }
 
 const prismd_plan_class *prismd_plans_class_at(const prismd_plans *p, size_t i)
 {
-    return &p->classes[i];
+    return &p->cur->classes[i];
+}
+
+bool prismd_plans_row_dirty(const prismd_plans *p)
+{
+    return p->row_dirty;
+}
+
+void prismd_plans_saved(prismd_plans *p)
+{
+    p->row_dirty = false;
+    if (p->durable != p->cur) {
+        plan_release(p->durable);
+        p->durable = plan_retain(p->cur);
+    }
 }
 
 void prismd_plans_row(const prismd_plans *p, prismd_plan_row *out)
@@ -590,14 +756,15 @@ void prismd_plans_row(const prismd_plans *p, prismd_plan_row *out)
     out->map_version = p->map_version;
     out->decided_step = p->decided_step;
     out->effective_step = p->effective_step;
-    out->status = p->refused ? "refused" : p->has_plan ? "planned" : "none";
+    out->status = p->refused ? "refused" : p->cur ? "planned" : "none";
     out->message = p->message;
-    out->plan_json = p->has_plan ? p->plan_json : NULL;
+    out->plan_json = p->cur ? prismd_shared_text_str(p->cur->json) : NULL;
 }
 
 /* The classes of a stored plan object: name, formats, plan (a precision per block id) and
  * compute_seconds of each. */
-static bool read_plan(const json_t *root, prismd_plan_class **out, size_t *n, double *iteration, prism_error *err)
+static bool read_plan(const json_t *root, prismd_plan_class **out, size_t *n, size_t *nblocks, double *iteration,
+                      prism_error *err)
 {
     json_t *classes = json_object_get(root, "classes");
     json_t *t = json_object_get(root, "iteration_seconds");
@@ -606,6 +773,7 @@ static bool read_plan(const json_t *root, prismd_plan_class **out, size_t *n, do
         return false;
     }
     *iteration = json_number_value(t);
+    *nblocks = 0;
     size_t C = json_array_size(classes);
     prismd_plan_class *c = calloc(C ? C : 1, sizeof *c);
     if (!c) {
@@ -624,6 +792,7 @@ static bool read_plan(const json_t *root, prismd_plan_class **out, size_t *n, do
             return false;
         }
         size_t L = json_array_size(plan);
+        *nblocks = L;
         c[k].name = strdup(json_string_value(name));
         c[k].low_format = strcmp(json_string_value(low), "fp8_e4m3") == 0 ? PRISM_PRECISION_FP8_E4M3
                                                                           : PRISM_PRECISION_INT8;
@@ -646,49 +815,62 @@ static bool read_plan(const json_t *root, prismd_plan_class **out, size_t *n, do
     return true;
 }
 
-bool prismd_plans_restore(prismd_plans *p, const prismd_plan_row *row, prism_error *err)
+bool prismd_plans_restore(prismd_plans *p, const prismd_plan_row *row, bool hybrid, prism_error *err)
 {
     drop_plan(p);
-    p->refused = row->status && strcmp(row->status, "refused") == 0;
-    snprintf(p->message, sizeof p->message, "%s", row->message ? row->message : "");
+    plan_release(p->durable);
+    p->durable = NULL;
+    p->refused = hybrid && row->status && strcmp(row->status, "refused") == 0;
+    snprintf(p->message, sizeof p->message, "%s", p->refused && row->message ? row->message : "");
     if (!row->plan_json)
         return true;
+    if (!hybrid) { /* not in force; agents may hold it from before: the next decision withdraws it */
+        p->withdraw_pending = true;
+        p->row_dirty = true;
+        return true;
+    }
     json_error_t jerr;
     json_t *root = json_loads(row->plan_json, 0, &jerr);
     if (!root) {
         prism_error_set(err, PRISM_ERR_INVALID, "the stored plan does not parse: %s", jerr.text);
         return false;
     }
-    bool ok = read_plan(root, &p->classes, &p->nclasses, &p->iteration_seconds, err);
+    plan_obj *o = calloc(1, sizeof *o);
+    bool ok = o && read_plan(root, &o->classes, &o->nclasses, &o->nblocks, &o->iteration_seconds, err);
     json_decref(root);
-    if (!ok)
+    if (!ok) {
+        if (!o)
+            prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        free(o);
         return false;
-    if (!(p->plan_json = strdup(row->plan_json))) {
-        drop_plan(p);
+    }
+    o->refs = 1;
+    if (!(o->json = prismd_shared_text_create(row->plan_json, strlen(row->plan_json)))) {
+        plan_release(o);
         prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
         return false;
     }
-    p->has_plan = true;
+    p->cur = o;
+    p->durable = plan_retain(o);
     p->map_version = row->map_version;
     p->decided_step = row->decided_step;
     p->effective_step = row->effective_step;
     return true;
 }
 
-bool prismd_plans_view(const prismd_plans *p, const prism_config *cfg, const prismd_rank_facts *ranks, size_t nranks,
+bool prismd_plans_view(prismd_plans *p, const prism_config *cfg, const prismd_rank_facts *ranks, size_t nranks,
                        prismd_plan_view *out)
 {
     memset(out, 0, sizeof *out);
-    class_list cl;
-    if (!classes_of(ranks, nranks, &cl))
+    if (!refresh_classes(p, ranks, nranks))
         return false;
     size_t L = 0;
     out->hybrid = cfg->hybrid;
     out->blocks_missing = missing_blocks(p, &L);
-    out->classes_seen = calloc(cl.n ? cl.n : 1, sizeof *out->classes_seen);
+    out->classes_seen = calloc(p->ncls ? p->ncls : 1, sizeof *out->classes_seen);
     bool ok = out->classes_seen != NULL;
-    for (size_t k = 0; ok && k < cl.n; k++)
-        ok = (out->classes_seen[out->nclasses_seen++] = strdup(cl.first[k]->device_class)) != NULL;
+    for (size_t k = 0; ok && k < p->ncls; k++)
+        ok = (out->classes_seen[out->nclasses_seen++] = strdup(p->cls[k].name)) != NULL;
     const char *message = "";
     if (!cfg->hybrid) {
         out->status = "disabled";
@@ -696,9 +878,9 @@ bool prismd_plans_view(const prismd_plans *p, const prism_config *cfg, const pri
     } else if (p->refused) {
         out->status = "refused"; /* the last attempt's: the plan in force (if any) stays */
         message = p->message;
-    } else if (p->has_plan) {
+    } else if (p->cur) {
         out->status = "planned";
-    } else if (cl.n < 2) {
+    } else if (p->ncls < 2) {
         out->status = "single_class";
         message = "the job's ranks report fewer than two device classes";
     } else if (out->blocks_missing > 0 || L == 0) {
@@ -708,26 +890,26 @@ bool prismd_plans_view(const prismd_plans *p, const prism_config *cfg, const pri
         out->status = "waiting_for_statistics";
         message = "every block has its statistics: the next decision plans";
     }
-    free(cl.first);
     ok = ok && (out->message = strdup(message)) != NULL;
-    out->has_plan = p->has_plan;
+    out->has_plan = p->cur != NULL;
     out->map_version = p->map_version;
     out->decided_step = p->decided_step;
     out->effective_step = p->effective_step;
     out->replans = p->replans;
     out->kept = p->kept;
     out->refused = p->refusals;
-    out->iteration_seconds = p->iteration_seconds;
-    if (ok && p->has_plan) {
-        ok = (out->plan_json = strdup(p->plan_json)) != NULL &&
-             (out->classes = calloc(p->nclasses ? p->nclasses : 1, sizeof *out->classes)) != NULL;
-        for (size_t k = 0; ok && k < p->nclasses; k++) {
+    out->iteration_seconds = prismd_plans_iteration_seconds(p);
+    if (ok && p->cur) {
+        const plan_obj *o = p->cur;
+        out->plan_json = prismd_shared_text_retain(o->json); /* shared, not copied */
+        ok = (out->classes = calloc(o->nclasses ? o->nclasses : 1, sizeof *out->classes)) != NULL;
+        for (size_t k = 0; ok && k < o->nclasses; k++) {
             out->nclasses = k + 1;
-            out->classes[k] = (prismd_plan_class){.name = strdup(p->classes[k].name),
-                                                  .low_format = p->classes[k].low_format,
-                                                  .high_format = p->classes[k].high_format,
-                                                  .nlow = p->classes[k].nlow,
-                                                  .compute_seconds = p->classes[k].compute_seconds};
+            out->classes[k] = (prismd_plan_class){.name = strdup(o->classes[k].name),
+                                                  .low_format = o->classes[k].low_format,
+                                                  .high_format = o->classes[k].high_format,
+                                                  .nlow = o->classes[k].nlow,
+                                                  .compute_seconds = o->classes[k].compute_seconds};
             ok = out->classes[k].name != NULL; /* the view needs the count of low blocks, not their ids */
         }
     }

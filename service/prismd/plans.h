@@ -23,12 +23,19 @@ typedef enum prismd_plan_outcome {
     PRISMD_PLAN_WITHDRAWN   /* hybrid turned off: the plan in force is dropped */
 } prismd_plan_outcome;
 
-prismd_plans *prismd_plans_create(void);
+/* max_pairs: the most (class, block) pairs of non-fixed classes one plan may have
+ * (--hybrid-max-pairs); max_classes: the most device classes (--hybrid-max-classes). More is
+ * refused (the plan in force stays; the message names the flag). */
+prismd_plans *prismd_plans_create(size_t max_pairs, size_t max_classes);
 void prismd_plans_destroy(prismd_plans *p);
 
 /* A layout block's cost figures (the latest Hello's win). false: out of memory. */
 bool prismd_plans_layout(prismd_plans *p, uint32_t id, double param_bytes, double flops, double activation_bytes,
                          double state_bytes);
+
+/* A Hello changed a rank's device class (or gave a rank its first): the class list is rebuilt
+ * when next needed, O(R log R); otherwise it is kept. */
+void prismd_plans_classes_changed(prismd_plans *p);
 
 /* One validated BlockTensorStats entry of rank's report of step: each half (x_numel >= 1: the
  * activation half, w_numel >= 1: the weight half) replaces the block's when its step is later, or
@@ -50,6 +57,17 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
 /* The map the plan now in force went out with. */
 void prismd_plans_set_map(prismd_plans *p, uint64_t map_version, uint64_t decided_step, uint64_t effective_step);
 
+/* Whether the row (plan, its map, status, message) changed since the store last took it: a
+ * planned, refused or withdrawn outcome, or a new map. The caller passes the row with every
+ * state it saves while this holds, and calls prismd_plans_saved after a save that succeeded. */
+bool prismd_plans_row_dirty(const prismd_plans *p);
+/* The store holds the row now: the plan in force becomes the durable one Welcome carries. */
+void prismd_plans_saved(prismd_plans *p);
+/* The last durable plan's class named device_class (what a Welcome carries: a plan is durable
+ * before it is sent, DESIGN 7), or NULL; *iteration_seconds its T. */
+const prismd_plan_class *prismd_plans_durable_class(const prismd_plans *p, const char *device_class,
+                                                    double *iteration_seconds);
+
 /* The plan in force's class named device_class, or NULL (no plan, or none for that class). */
 const prismd_plan_class *prismd_plans_class(const prismd_plans *p, const char *device_class);
 /* The plan in force's predicted iteration time T. */
@@ -60,13 +78,15 @@ const prismd_plan_class *prismd_plans_class_at(const prismd_plans *p, size_t i);
 /* The plan state as the store keeps it; valid until the next call on p. */
 void prismd_plans_row(const prismd_plans *p, prismd_plan_row *out);
 
-/* Puts a stored row back (restart): the plan in force is read from its JSON. false: the JSON is
- * not a plan object (err says why). */
-bool prismd_plans_restore(prismd_plans *p, const prismd_plan_row *row, prism_error *err);
+/* Puts a stored row back (restart): the plan in force (and durable) is read from its JSON. With
+ * hybrid false (the loaded config's) a stored plan is not put in force: the next decision
+ * withdraws it with a map of its own, since agents may still hold it. false: the JSON is not a
+ * plan object (err says why). */
+bool prismd_plans_restore(prismd_plans *p, const prismd_plan_row *row, bool hybrid, prism_error *err);
 
 /* Fills *out (to be freed with prismd_plan_view_free) with the state REST shows, the status
  * judged now from cfg and ranks. false: out of memory. */
-bool prismd_plans_view(const prismd_plans *p, const prism_config *cfg, const prismd_rank_facts *ranks, size_t nranks,
+bool prismd_plans_view(prismd_plans *p, const prism_config *cfg, const prismd_rank_facts *ranks, size_t nranks,
                        prismd_plan_view *out);
 
 #endif

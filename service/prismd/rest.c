@@ -962,6 +962,10 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     add(&t, "prism_map_updates_sent_total %llu\n", (unsigned long long)snap->updates_sent);
     family(&t, "prism_store_errors_total", "counter", "Decisions the store could not save (their maps were not sent).");
     add(&t, "prism_store_errors_total %llu\n", (unsigned long long)snap->store_errors);
+    family(&t, "prism_maps_unsent_total", "counter",
+           "Map broadcasts put off because their messages could not be packed (out of memory); the map is sent at "
+           "the next decision or tick.");
+    add(&t, "prism_maps_unsent_total %llu\n", (unsigned long long)snap->maps_unsent);
     family(&t, "prism_agent_streams_refused_total", "counter",
            "Agent streams ended for a bad Hello, a wrong token, an unknown job or a message out of order.");
     add(&t, "prism_agent_streams_refused_total %llu\n", (unsigned long long)snap->agents_refused);
@@ -1298,7 +1302,7 @@ static void get_plan(const prismd_snap_job *j, prismd_answer *a)
     json_decref(obj);
     char *body = NULL;
     if (head && asprintf(&body, "%.*s,\"plan\":%s}", (int)strlen(head) - 1, head,
-                         v->plan_json ? v->plan_json : "null") < 0)
+                         v->plan_json ? prismd_shared_text_str(v->plan_json) : "null") < 0)
         body = NULL;
     free(head);
     if (!body) {

@@ -149,6 +149,42 @@ bool prismd_rank_acked_current(const prismd_rank_facts *f, uint64_t map_version)
     return map_version == 0 || (f && f->has_ack && f->acked_map_version == map_version);
 }
 
+struct prismd_shared_text {
+    atomic_uint refs;
+    size_t len;
+    char text[];
+};
+
+prismd_shared_text *prismd_shared_text_create(const char *s, size_t len)
+{
+    prismd_shared_text *t = malloc(sizeof *t + len + 1);
+    if (!t)
+        return NULL;
+    atomic_init(&t->refs, 1);
+    t->len = len;
+    memcpy(t->text, s, len);
+    t->text[len] = '\0';
+    return t;
+}
+
+prismd_shared_text *prismd_shared_text_retain(prismd_shared_text *t)
+{
+    if (t)
+        atomic_fetch_add(&t->refs, 1);
+    return t;
+}
+
+void prismd_shared_text_release(prismd_shared_text *t)
+{
+    if (t && atomic_fetch_sub(&t->refs, 1) == 1)
+        free(t);
+}
+
+const char *prismd_shared_text_str(const prismd_shared_text *t)
+{
+    return t->text;
+}
+
 static void free_plan_classes(prismd_plan_class *c, size_t n)
 {
     for (size_t i = 0; c && i < n; i++) {
@@ -166,7 +202,7 @@ void prismd_plan_view_free(prismd_plan_view *v)
     for (size_t i = 0; i < v->nclasses_seen; i++)
         free(v->classes_seen[i]);
     free(v->classes_seen);
-    free(v->plan_json);
+    prismd_shared_text_release(v->plan_json);
     free_plan_classes(v->classes, v->nclasses);
     memset(v, 0, sizeof *v);
 }

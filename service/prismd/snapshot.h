@@ -57,6 +57,16 @@ bool prismd_rank_lagging(const prismd_rank_facts *f, bool has_newest, uint64_t n
 /* acked_current_map: its last Ack names map_version, or the job has no map yet (version 0). */
 bool prismd_rank_acked_current(const prismd_rank_facts *f, uint64_t map_version);
 
+/* An immutable text shared by reference count (atomic: snapshots are released on REST threads):
+ * a plan object is made once and every snapshot that shows it holds a reference, not a copy. */
+typedef struct prismd_shared_text prismd_shared_text;
+
+/* A new text of the len bytes at s (with a NUL after them), one reference; NULL: out of memory. */
+prismd_shared_text *prismd_shared_text_create(const char *s, size_t len);
+prismd_shared_text *prismd_shared_text_retain(prismd_shared_text *t); /* t may be NULL */
+void prismd_shared_text_release(prismd_shared_text *t);              /* t may be NULL */
+const char *prismd_shared_text_str(const prismd_shared_text *t);
+
 /* One device class of the plan in force, as pushed to its agents (prism.v1.ComputePlan). */
 typedef struct prismd_plan_class {
     char *name;
@@ -78,7 +88,7 @@ typedef struct prismd_plan_view {
     bool has_plan;
     uint64_t map_version, decided_step, effective_step; /* of the map the plan in force went out with */
     uint64_t replans, kept, refused; /* since prismd started */
-    char *plan_json;             /* the plan object (hybrid_json.h), or NULL */
+    prismd_shared_text *plan_json; /* the plan object (hybrid_json.h), a reference; NULL: none */
     double iteration_seconds;
     prismd_plan_class *classes;  /* of the plan in force: compute_seconds and low blocks per class */
     size_t nclasses;
@@ -132,6 +142,7 @@ typedef struct prismd_snapshot {
     uint64_t reports_step_out_of_range, calibrations_accepted, calibrations_malformed, calibrations_foreign;
     uint64_t unimplemented_calls;
     uint64_t agents_replaced, jobs_deleted, jobs_expired;        /* auth.h, jobs.c */
+    uint64_t maps_unsent;                                       /* broadcasts put off for want of memory */
     uint64_t tensor_stats_accepted, tensor_stats_refused;       /* BlockTensorStats entries (hybrid plans) */
     uint64_t tokens_loads_ok, tokens_loads_failed, tokens_provisioned;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */

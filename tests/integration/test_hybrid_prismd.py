@@ -13,6 +13,7 @@ path; every HTTP answer is validated against the OpenAPI document (test_grpc's P
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -137,9 +138,39 @@ def low_blocks(plan_object, cls):
     return [i for i, f in enumerate(c["plan"]) if f != c["high_format"]]
 
 
+def scaled(stats, x=None, w=None):
+    """Block stats with the x half's figures times x and the w half's times w (None: the half
+    left out, its numel 0)."""
+    out = dict(stats)
+    if x is None:
+        out.update(x_l2=0.0, x_max_abs=0.0, x_numel=0, y_numel=0)
+    else:
+        out.update(x_l2=stats["x_l2"] * x, x_max_abs=stats["x_max_abs"] * x)
+    if w is None:
+        out.update(w_l2=0.0, w_max_abs=0.0, w_numel=0)
+    else:
+        out.update(w_l2=stats["w_l2"] * w, w_max_abs=stats["w_max_abs"] * w)
+    return out
+
+
+def tensor_stats(stats_list):
+    return [pb.BlockTensorStats(block_id=b["id"], x_l2=s["x_l2"], x_max_abs=s["x_max_abs"], x_numel=int(s["x_numel"]),
+                                w_l2=s["w_l2"], w_max_abs=s["w_max_abs"], w_numel=int(s["w_numel"]),
+                                y_numel=int(s["y_numel"]))
+            for b, s in zip(BLOCKS, stats_list)]
+
+
+def grads_of(step, rank):
+    """Gradients varying by step (l2: the mean over ranks is then exact whatever the order the
+    ranks arrive in) and by rank (max_abs: their maximum)."""
+    return [(g * (1 + 0.5 * (step % 2)), m * (1 + 0.25 * rank)) for g, m in GRADS]
+
+
 class HybridPrismdTest(unittest.TestCase):
+    PRISMD_FLAGS = ()
+
     def setUp(self):
-        self.prismd = tg.Prismd(config_extra=HYBRID)
+        self.prismd = tg.Prismd(*self.PRISMD_FLAGS, config_extra=HYBRID)
         self.agents = []
 
     def tearDown(self):
@@ -148,12 +179,16 @@ class HybridPrismdTest(unittest.TestCase):
         code = self.prismd.stop()
         self.assertEqual(code, 0, self.prismd.logs())
 
-    def connect(self, rank):
-        """An agent of rank (its class's profile, the layout); returns (agent, welcome)."""
+    def connect(self, rank, profile=None, blocks=None):
+        """An agent of rank (its class's profile or profile, the layout or one of blocks); returns
+        (agent, welcome)."""
         a = tg.Agent(self.prismd)
         self.agents.append(a)
+        lay = layout()
+        if blocks is not None:
+            lay = pb.ModelLayout(blocks=blocks)
         a.send(hello=pb.Hello(job_id=JOB, rank=rank, world_size=4, node="node-%d" % rank,
-                              device=device(CLASSES[rank]), layout=layout()))
+                              device=profile or device(CLASSES[rank]), layout=lay))
         m = a.next()
         self.assertEqual(m.WhichOneof("kind"), "welcome")
         return a, m.welcome
@@ -216,7 +251,7 @@ class HybridPrismdTest(unittest.TestCase):
         self.assertEqual((doc["decided_step"], doc["effective_step"]), (2, 5))
         self.assertEqual((doc["replans"], doc["plans_kept"]), (1, 0))
         version = doc["map_version"]
-        self.assertGreaterEqual(version, 1)
+        self.assertEqual(version, 1)  # the decision at step 2 commits the first map, which carries the plan
         # The example's plan: the T4s run 22 blocks low (memory-bound), the V100s (fixed) none.
         t4_low = low_blocks(expected, "t4-16gb")
         self.assertEqual(len(t4_low), 22)
@@ -419,6 +454,230 @@ class HybridPrismdTest(unittest.TestCase):
         # halves of its tensor statistics (only gradients at a decision are missing).
         ranks = self.prismd.json_until("/v1/jobs/%s/ranks" % JOB, lambda d: d["ranks"][0]["last_step"] == 1)
         self.assertEqual(ranks["ranks"][0]["last_step"], 1)
+
+    # ---- review fixes: durability, limits, withdrawal, repeated refusals, the planner's inputs ----
+
+    def restart_with(self, *flags):
+        """prismd again on a fresh directory, with flags."""
+        self.assertEqual(self.prismd.stop(), 0, self.prismd.logs())
+        self.prismd = tg.Prismd(*flags, config_extra=HYBRID)
+
+    def wait_metric(self, name, labels, ready):
+        """/metrics until ready(value of name{labels}) holds (bounded: 800 x 25 ms)."""
+        key = (name, frozenset(labels))
+        for _ in range(800):
+            v = metrics(self.prismd).get(key)
+            if v is not None and ready(v):
+                return v
+            time.sleep(0.025)
+        raise AssertionError("%s%s never became ready" % (name, sorted(labels)))
+
+    def plans_total(self):
+        m = metrics(self.prismd)
+        return tuple(m[("prism_job_plans_total", frozenset([("job", JOB), ("outcome", o)]))]
+                     for o in ("planned", "kept", "refused"))
+
+    def update_of_version(self, agent, version):
+        """The agent's update of map version (earlier ones skipped; bounded)."""
+        for _ in range(10):
+            u = self.next_update(agent)
+            if u.map_version == version:
+                return u
+        raise AssertionError("no update of map version %d" % version)
+
+    def test_the_class_profile_the_tensor_halves_and_the_gradients_follow_their_rules(self):
+        # Rank 3's profile differs from rank 2's (memory): the class's profile is its lowest rank's.
+        other = device("t4-16gb")
+        other.memory_bytes = PROFILES["t4-16gb"]["memory_bytes"] // 2
+        agents = [self.connect(r, profile=other if r == 3 else None)[0] for r in range(4)]
+
+        def stats_for(step, rank):
+            # Step 1: both halves from every rank, each its own figures. Step 2: the x half from
+            # ranks 2 and 3, the w half from ranks 0 and 1.
+            if step == 1:
+                return [scaled(s, x=1 + 0.125 * rank, w=1 + 0.0625 * rank) for s in STATS]
+            if rank >= 2:
+                return [scaled(s, x=1.5 + 0.125 * rank) for s in STATS]
+            return [scaled(s, w=0.75 + 0.125 * rank) for s in STATS]
+
+        for step in (1, 2):
+            for rank, a in enumerate(agents):
+                a.send(step_report=pb.StepReport(step=step, blocks=[
+                    pb.BlockGradStats(block_id=b["id"], l2_norm=g[0], max_abs=g[1], numel=int(b["stats"]["w_numel"]))
+                    for b, g in zip(BLOCKS, grads_of(step, rank))], tensor_stats=tensor_stats(stats_for(step, rank))))
+        doc = self.plan(lambda d: d["status"] == "planned")
+        # The later step wins (step 2 over step 1's rank 0), the same step the lower rank (x: rank 2
+        # over 3; w: rank 0 over 1); g is the merged step 2's: the l2 mean and the max_abs maximum.
+        x = [scaled(s, x=1.5 + 0.125 * 2) for s in STATS]
+        w = [scaled(s, w=0.75) for s in STATS]
+        stats = [dict(s, x_l2=xs["x_l2"], x_max_abs=xs["x_max_abs"], w_l2=ws["w_l2"], w_max_abs=ws["w_max_abs"])
+                 for s, xs, ws in zip(STATS, x, w)]
+        merged = [(g, m) for (g, _), (_, m) in zip(grads_of(2, 0), grads_of(2, 3))]
+        code, out, err = prismctl_plan(plan_json(merged, stats_of=stats))
+        self.assertEqual(code, 0, err)
+        self.assertEqual(doc["plan"], json.loads(out))
+        self.assertTrue(self.raw_plan_body().endswith(',"plan":' + out.strip() + "}"))
+        # Other rules would have planned otherwise: rank 3's profile, step 1's halves, step 1's g.
+        for wrong in (dict(plan_json(merged, stats_of=stats), classes=[
+                          {"name": "t4-16gb", "ranks": 2, "profile": dict(PROFILES["t4-16gb"],
+                                                                          memory_bytes=other.memory_bytes)},
+                          {"name": "v100-32gb", "ranks": 2, "profile": PROFILES["v100-32gb"]}]),
+                      plan_json(merged, stats_of=[scaled(s, x=1, w=1) for s in STATS]),
+                      plan_json([(g, m) for (g, _), (_, m) in zip(grads_of(1, 0), grads_of(1, 3))], stats_of=stats)):
+            wcode, wout, werr = prismctl_plan(wrong)
+            self.assertNotEqual((wcode, wout), (0, out))
+
+    def test_a_plan_is_durable_before_it_goes_out_and_an_unsaved_map_is_sent_once_saved(self):
+        agents, updates, doc = self.first_plan()
+        version = doc["map_version"]
+        code, out, err = prismctl_plan(plan_json(GRADS, stats_of=STATS2))
+        self.assertEqual(code, 0, err)
+        second = json.loads(out)
+        self.assertNotEqual(low_blocks(second, "t4-16gb"), low_blocks(doc["plan"], "t4-16gb"))
+        # Another process holds the store's write lock during the decision at step 4 (a re-plan):
+        # its save fails after prismd's busy timeout (5 s).
+        lock = sqlite3.connect(os.path.join(self.prismd.dir, "data", "prism.db"), timeout=10, isolation_level=None)
+        try:
+            lock.execute("BEGIN EXCLUSIVE")
+            self.steps(agents, (3, 4), GRADS, stats_of=STATS2)
+            self.wait_metric("prism_store_errors_total", (), lambda v: v >= 1)
+            self.assertIn("cannot save a decision", self.prismd.logs())
+            # The new plan is not durable: a Welcome carries the last durable one. (The policy thread
+            # waits out the busy timeout at each save it tries meanwhile: a longer bound here.)
+            a3 = tg.Agent(self.prismd)
+            self.agents.append(a3)
+            a3.send(hello=pb.Hello(job_id=JOB, rank=3, world_size=4, node="node-3", device=device(CLASSES[3]),
+                                   layout=layout()))
+            m = a3.inbox.get(timeout=60)
+            self.assertIsNotNone(m)
+            self.assertEqual(m.WhichOneof("kind"), "welcome")
+            welcome = m.welcome
+            agents[3] = a3
+            self.assertEqual(list(welcome.map.compute_plan.low_blocks), low_blocks(doc["plan"], "t4-16gb"))
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        # Released: the map and its plan are saved, then sent, without another decision.
+        for rank, a in enumerate(agents):
+            u = self.update_of_version(a, version + 1)
+            self.assertEqual((u.decided_step, u.effective_step), (4, 7))
+            self.assertEqual(list(u.compute_plan.low_blocks), low_blocks(second, CLASSES[rank]))
+        sent = self.plan(lambda d: d["map_version"] == version + 1)
+        self.assertEqual(sent["plan"], second)
+        # kill -9 and restart: the store has what the agents were sent.
+        for a in agents:
+            a.close()
+        self.agents = []
+        self.prismd.kill()
+        self.prismd = tg.Prismd(reuse=self.prismd)
+        after = self.plan()
+        self.assertEqual((after["status"], after["map_version"], after["decided_step"], after["effective_step"]),
+                         ("planned", version + 1, 4, 7))
+        self.assertEqual(after["plan"], second)
+        for rank in (0, 2):
+            a, welcome = self.connect(rank)
+            self.assertEqual(welcome.map.map_version, version + 1)
+            self.assertEqual(list(welcome.map.compute_plan.low_blocks), low_blocks(second, CLASSES[rank]))
+
+    def test_more_pairs_than_the_flag_allows_are_refused_and_a_repeated_refusal_counts_as_refused(self):
+        self.restart_with("--hybrid-max-pairs", "47")
+        agents = self.all_connect()
+        self.steps(agents, (1, 2), GRADS)
+        doc = self.plan(lambda d: d["status"] == "refused")
+        # The automatic rule fixes the V100s: 48 blocks of the T4s' class to plan.
+        self.assertEqual(doc["message"],
+                         "48 (class, block) pairs of non-fixed classes to plan: more than 47 (prismd --hybrid-max-pairs)")
+        self.assertIsNone(doc["plan"])
+        self.steps(agents, (3, 4), GRADS)
+        self.wait_decisions(2)
+        self.assertEqual(self.plans_total(), (0, 0, 2))
+        self.assertEqual(self.prismd.logs().count("hybrid plan refused"), 1)  # the repeat is not logged again
+        # 48 allowed: planned.
+        self.restart_with("--hybrid-max-pairs", "48")
+        self.agents = []
+        agents, updates, doc = self.first_plan()
+        self.assertEqual(self.plans_total(), (1, 0, 0))
+
+    def test_the_same_refusal_again_counts_as_refused_and_is_logged_once(self):
+        agents, updates, doc = self.first_plan()
+        status, body = self.prismd.http("/v1/jobs/%s/config" % JOB, "PATCH", json.dumps({"hybrid_memory_fraction": 0.25}))
+        self.assertEqual(status, 200, body)
+        self.steps(agents, (3, 4, 5, 6), GRADS)
+        self.wait_decisions(3)
+        self.assertEqual(self.plans_total(), (1, 0, 2))
+        self.assertEqual(self.prismd.logs().count("hybrid plan refused"), 1)
+        self.assertEqual(self.plan()["map_version"], doc["map_version"])
+
+    def test_more_classes_than_the_flag_allows_are_refused_until_a_hello_changes_a_class(self):
+        self.restart_with("--hybrid-max-classes", "2")
+        third = device("t4-16gb")
+        third.device_class = "t4-16gb-b"
+        agents = [self.connect(r, profile=third if r == 3 else None)[0] for r in range(4)]
+        self.steps(agents, (1, 2), GRADS)
+        doc = self.plan(lambda d: d["status"] == "refused")
+        self.assertEqual(doc["message"], "3 device classes: more than 2 to plan (prismd --hybrid-max-classes)")
+        self.assertEqual(doc["classes_seen"], ["t4-16gb", "t4-16gb-b", "v100-32gb"])
+        # Rank 3 comes back in the T4s' class: two classes, planned.
+        agents[3], _ = self.connect(3)
+        self.assertEqual(self.plan(lambda d: len(d["classes_seen"]) == 2)["classes_seen"], ["t4-16gb", "v100-32gb"])
+        self.steps(agents, (3, 4), GRADS)
+        doc = self.plan(lambda d: d["status"] == "planned")
+        code, out, err = prismctl_plan(plan_json(GRADS))
+        self.assertEqual(code, 0, err)
+        self.assertEqual(doc["plan"], json.loads(out))
+        self.assertEqual(self.plans_total(), (1, 0, 1))
+
+    def assert_withdrawn(self, agents, version, decided, status):
+        for a in agents:
+            u = self.update_of_version(a, version + 1)
+            self.assertEqual((u.decided_step, u.effective_step), (decided, decided + 3))
+            self.assertFalse(u.HasField("compute_plan"))
+        doc = self.plan(lambda d: d["plan"] is None)
+        self.assertEqual(doc["status"], status)
+        self.assertEqual((doc["map_version"], doc["decided_step"], doc["effective_step"]), (None, None, None))
+        self.assertNotIn(("prism_job_plan_iteration_seconds", frozenset([("job", JOB)])), metrics(self.prismd))
+        return doc
+
+    def test_the_plan_is_withdrawn_when_fewer_than_two_classes_remain(self):
+        agents, updates, doc = self.first_plan()
+        for rank in (2, 3):
+            agents[rank], welcome = self.connect(rank, profile=device("v100-32gb"))
+            # Until the next decision the plan in force stands: its V100 class's (all high).
+            self.assertEqual(welcome.map.compute_plan.device_class, "v100-32gb")
+            self.assertEqual(list(welcome.map.compute_plan.low_blocks), [])
+        self.steps(agents, (3, 4), GRADS)
+        self.assert_withdrawn(agents, doc["map_version"], 4, "single_class")
+
+    def test_the_plan_is_withdrawn_when_the_layout_block_count_changes(self):
+        agents, updates, doc = self.first_plan()
+        extra = pb.BlockInfo(id=48, name="extra", param_bytes_bf16=1024, flops=1024, activation_bytes_bf16=1024,
+                             state_bytes=1024)
+        agents[0], _ = self.connect(0, blocks=list(layout().blocks) + [extra])
+        self.steps(agents, (3, 4), GRADS)
+        after = self.assert_withdrawn(agents, doc["map_version"], 4, "waiting_for_statistics")
+        self.assertEqual(after["blocks_missing_statistics"], 1)
+
+    def test_a_restart_with_hybrid_off_puts_no_stored_plan_in_force_and_withdraws_it(self):
+        agents, updates, doc = self.first_plan()
+        status, body = self.prismd.http("/v1/jobs/%s/config" % JOB, "PATCH", json.dumps({"hybrid": False}))
+        self.assertEqual(status, 200, body)
+        for a in agents:
+            a.close()
+        self.agents = []
+        self.prismd.kill()
+        self.prismd = tg.Prismd(reuse=self.prismd)
+        after = self.plan()
+        self.assertEqual(after["status"], "disabled")
+        self.assertIsNone(after["plan"])
+        agents = []
+        for rank in range(4):
+            a, welcome = self.connect(rank)
+            self.assertEqual(welcome.map.map_version, doc["map_version"])
+            self.assertFalse(welcome.map.HasField("compute_plan"))
+            agents.append(a)
+        # Agents may hold the plan from before the restart: the next decision sends a map without it.
+        self.steps(agents, (3, 4), GRADS)
+        self.assert_withdrawn(agents, doc["map_version"], 4, "disabled")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,16 @@ static void test_bump_version_commits_a_new_map_with_the_same_precisions(void)
     prism_policy_progress progress;
     prism_policy_progress_get(p, &progress);
     CU_ASSERT_EQUAL(progress.map_version, 2);
-    /* The next version that a change makes follows the bumped one. */
+    /* The next version that a change makes follows the bumped one: block 0 forced low too. */
+    CU_ASSERT_FATAL(apply(&cfg, "{\"force_int8_blocks\": [0, 1]}", &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_set_config(p, &cfg, &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err) == PRISM_OK);
+    CU_ASSERT_TRUE(r.decided);
+    CU_ASSERT_TRUE(r.map_changed);
+    CU_ASSERT_EQUAL(r.map_version, 3);
+    CU_ASSERT_EQUAL(prism_policy_map_version(p), 3);
+    CU_ASSERT_EQUAL(r.change_count, 1);
+    CU_ASSERT_EQUAL(prism_policy_find_block(p, 0)->precision, PRISM_PRECISION_INT8);
     prism_policy_destroy(p);
     prism_config_free(&cfg);
 }

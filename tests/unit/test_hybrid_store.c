@@ -50,6 +50,8 @@ static void exec_sql(const char *dir, const char *sql)
 
 typedef struct seen {
     int jobs, rows;
+    uint64_t decided_step, effective_step;
+    prism_policy_progress state; /* of the restored policy */
     prismd_plan_row row;
     char status[32], message[128], plan[256];
 } seen;
@@ -58,6 +60,9 @@ static bool collect(void *ctx, prismd_saved_job *job)
 {
     seen *s = ctx;
     s->jobs++;
+    s->decided_step = job->decided_step;
+    s->effective_step = job->effective_step;
+    prism_policy_progress_get(job->policy, &s->state);
     if (job->has_plan_row) {
         s->rows++;
         s->row = job->plan;
@@ -146,10 +151,64 @@ static void test_a_schema_2_store_is_migrated_to_3(void)
     CU_ASSERT_STRING_EQUAL(query(dir, "SELECT count(*) FROM job_plan", out, sizeof out), "0");
 }
 
+/* A schema-2 store that holds a job and its state (no job_plan table): migrated, the job and its
+ * state load unchanged, and a plan row can then be kept with the state. */
+static void test_a_schema_2_store_with_a_job_and_its_state_loads_after_migration(void)
+{
+    prism_config cfg;
+    prism_error err;
+    CU_ASSERT_FATAL(prism_config_init(&cfg, &err) == PRISM_OK);
+    cfg.warmup_steps = 1;
+    cfg.update_interval_steps = 1;
+    const char *dir = fresh_dir("hybrid-schema-2-job");
+    prismd_store *store = prismd_store_open(dir, &err);
+    CU_ASSERT_FATAL(store != NULL);
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_job(store, "job-2", NULL, 3, &cfg, &err), PRISM_OK);
+    prism_policy *p = prism_policy_create(&cfg, &err);
+    CU_ASSERT_FATAL(p != NULL);
+    prism_block_stats b[2] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0}, {1, 2.0, 2.0, 0.0, 0.0, 4, 0}};
+    prism_step_result r;
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 9, b, 2, &r, &err) == PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-2", p, 9, 12, NULL, 0, NULL, NAN, NULL, &err), PRISM_OK);
+    prism_policy_progress want;
+    prism_policy_progress_get(p, &want);
+    prism_policy_destroy(p);
+    prismd_store_close(store);
+    /* What a prismd of schema 2 left. */
+    exec_sql(dir, "DROP TABLE job_plan; UPDATE meta SET value = '2' WHERE key = 'schema_version'");
+    store = prismd_store_open(dir, &err);
+    CU_ASSERT_FATAL(store != NULL);
+    char out[64];
+    CU_ASSERT_STRING_EQUAL(query(dir, "SELECT value FROM meta WHERE key='schema_version'", out, sizeof out), "3");
+    seen s = load(store, &cfg);
+    CU_ASSERT_EQUAL(s.jobs, 1);
+    CU_ASSERT_EQUAL(s.rows, 0);
+    CU_ASSERT_STRING_EQUAL(query(dir, "SELECT world_size FROM jobs WHERE id='job-2'", out, sizeof out), "3");
+    CU_ASSERT_STRING_EQUAL(query(dir, "SELECT decided_step || ',' || effective_step || ',' || map_version FROM job_state"
+                                      " WHERE job_id='job-2'", out, sizeof out),
+                           "9,12,0");
+    CU_ASSERT_EQUAL(s.state.steps_collected, want.steps_collected);
+    CU_ASSERT_EQUAL(s.state.last_step, 9);
+    CU_ASSERT_EQUAL(s.decided_step, 9);
+    CU_ASSERT_EQUAL(s.effective_step, 12);
+    prism_policy *q = prism_policy_create(&cfg, &err);
+    CU_ASSERT_FATAL(q != NULL);
+    prismd_plan_row row = {1, 9, 12, "planned", "", "{\"iteration_seconds\":0.25}"};
+    CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-2", q, 9, 12, NULL, 0, NULL, NAN, &row, &err), PRISM_OK);
+    s = load(store, &cfg);
+    CU_ASSERT_EQUAL(s.rows, 1);
+    CU_ASSERT_STRING_EQUAL(s.plan, "{\"iteration_seconds\":0.25}");
+    prism_policy_destroy(q);
+    prismd_store_close(store);
+    prism_config_free(&cfg);
+}
+
 static const prism_test_case cases[] = {
     {"test_the_plan_row_is_saved_with_the_state_restored_replaced_and_deleted",
      test_the_plan_row_is_saved_with_the_state_restored_replaced_and_deleted},
     {"test_a_schema_2_store_is_migrated_to_3", test_a_schema_2_store_is_migrated_to_3},
+    {"test_a_schema_2_store_with_a_job_and_its_state_loads_after_migration",
+     test_a_schema_2_store_with_a_job_and_its_state_loads_after_migration},
     {NULL, NULL},
 };
 
