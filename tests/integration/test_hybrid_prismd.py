@@ -22,6 +22,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import test_grpc as tg  # noqa: E402  (Prismd, Agent; BUILD and the generated messages)
+import test_grpc_hardening as hardening  # noqa: E402  (Base: prismd per test; its tests are not collected here)
 
 pb = tg.pb
 SOURCE = os.environ.get("PRISM_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
@@ -137,16 +138,11 @@ def low_blocks(plan_object, cls):
     return [i for i, f in enumerate(c["plan"]) if f != c["high_format"]]
 
 
-class HybridPrismdTest(unittest.TestCase):
-    def setUp(self):
-        self.prismd = tg.Prismd(config_extra=HYBRID)
-        self.agents = []
+class HybridPrismdTest(hardening.Base):
+    """prismd with HYBRID on, started and stopped (exit 0) around each test, with its agents
+    closed, as test_grpc_hardening's Base does."""
 
-    def tearDown(self):
-        for a in self.agents:
-            a.close()
-        code = self.prismd.stop()
-        self.assertEqual(code, 0, self.prismd.logs())
+    config_extra = HYBRID
 
     def connect(self, rank):
         """An agent of rank (its class's profile, the layout); returns (agent, welcome)."""
