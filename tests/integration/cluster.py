@@ -5,6 +5,7 @@ there. Each test brings its own config, agent and trainer options and scenario."
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,8 +45,8 @@ def metric(text, name):
 
 
 class Cluster:
-    """The processes of one test and their scratch directory (self.dir). stop() kills whatever
-    still runs; the caller removes the directory."""
+    """The processes of one test and their scratch directory (self.dir). run() runs the test's
+    scenario and cleans up after it."""
 
     def __init__(self, prefix, world, config):
         self.dir = tempfile.mkdtemp(prefix=prefix)
@@ -110,6 +111,18 @@ class Cluster:
     def agent_metrics(self, r):
         """The Prometheus text of rank r's agent."""
         return http_get(self.metrics[r], "/metrics", openapi=False)[1]
+
+    def run(self, scenario):
+        """Runs scenario(self): on any failure the children's logs go to stderr first; on every
+        path every child still running is killed and the scratch directory removed."""
+        try:
+            scenario(self)
+        except BaseException:
+            self.dump_logs()
+            raise
+        finally:
+            self.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def stop(self):
         for p in [self.prismd, *self.agents, *self.trainers]:

@@ -13,7 +13,6 @@ directory. The run goes through, in order:
 Every wait is bounded (by time and by polling count); every process is stopped on every path."""
 
 import json
-import shutil
 import signal
 import unittest
 import urllib.request
@@ -41,15 +40,7 @@ def min_step(c):
 
 class AgentsTest(unittest.TestCase):
     def test_four_ranks_with_prismd_and_agents_failing(self):
-        c = Cluster("prism-agents-test-", WORLD, CONFIG)
-        try:
-            self.run_scenario(c)
-        except BaseException:
-            c.dump_logs()
-            raise
-        finally:
-            c.stop()
-            shutil.rmtree(c.dir, ignore_errors=True)
+        Cluster("prism-agents-test-", WORLD, CONFIG).run(self.run_scenario)
 
     def first_use(self, c, ranks):
         """{map_version: {rank: first step that used it}} from the trainers' logs."""

@@ -18,7 +18,6 @@ state 4,160 x (2 x 4 + 8) = 66,560 bytes), its probe batch 32 x 64 (activations 
 BF16 bytes). Every wait is bounded; every process is stopped on every path."""
 
 import json
-import shutil
 import signal
 import unittest
 
@@ -62,15 +61,7 @@ def start_cluster():
 
 class HybridClusterTest(unittest.TestCase):
     def test_two_classes_plan_switch_and_restart(self):
-        c = start_cluster()
-        try:
-            self.run_scenario(c)
-        except BaseException:
-            c.dump_logs()
-            raise
-        finally:
-            c.stop()
-            shutil.rmtree(c.dir, ignore_errors=True)
+        start_cluster().run(self.run_scenario)
 
     def check_plan(self, answer):
         """The plan prismd serves: fast all high, slow within budget with exactly four blocks low."""
