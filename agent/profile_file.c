@@ -4,26 +4,12 @@
  * same as PLAN.json's classes[].profile (prismctl plan). */
 #include "profile.h"
 
+#include "json_kind.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* A JSON value's kind, for messages. */
-static const char *kind_of(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "a value";
-}
 
 /* Every key of obj is one of keys; else PRISM_ERR_INVALID naming the first unknown one (prefix
  * "" at the top level, else "NAME."). */
@@ -50,7 +36,7 @@ static prism_status get_figure(const json_t *obj, const char *prefix, const char
     if (!v)
         return PRISM_OK;
     if (!json_is_number(v))
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected a number, got %s", prefix, key, kind_of(v));
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected a number, got %s", prefix, key, prism_json_kind(v));
     double x = json_number_value(v);
     if (!isfinite(x))
         return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %g is not finite", prefix, key, x);
@@ -78,7 +64,7 @@ static prism_status get_bytes(const json_t *obj, const char *key, uint64_t *out,
         return PRISM_OK;
     }
     if (!json_is_real(v))
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected a number, got %s", key, kind_of(v));
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected a number, got %s", key, prism_json_kind(v));
     double x = json_real_value(v);
     if (!isfinite(x))
         return prism_error_set(err, PRISM_ERR_INVALID, "%s: %g is not finite", key, x);
@@ -101,7 +87,7 @@ static prism_status get_text(const json_t *obj, const char *key, char *buf, size
     if (!v)
         return PRISM_OK;
     if (!json_is_string(v))
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected a string, got %s", key, kind_of(v));
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected a string, got %s", key, prism_json_kind(v));
     size_t len = json_string_length(v);
     if (len >= cap)
         return prism_error_set(err, PRISM_ERR_INVALID, "%s: %zu bytes, at most %zu", key, len, cap - 1);
@@ -118,7 +104,7 @@ static prism_status get_cost(const json_t *obj, const char *key, prism_linear_co
     if (!v)
         return PRISM_OK;
     if (!json_is_object(v))
-        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected an object, got %s", key, kind_of(v));
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s: expected an object, got %s", key, prism_json_kind(v));
     char prefix[32];
     snprintf(prefix, sizeof prefix, "%s.", key);
     static const char *const keys[] = {"fixed_seconds", "seconds_per_byte", NULL};
@@ -158,7 +144,7 @@ prism_status prism_profile_read_file(const char *path, const char *device_class,
                                        "quantize_cost", "cast_cost", "h2d_bytes_per_second", NULL};
     bool class_given = false, name_given = false;
     if (!json_is_object(root))
-        s = prism_error_set(err, PRISM_ERR_INVALID, "the file: expected an object, got %s", kind_of(root));
+        s = prism_error_set(err, PRISM_ERR_INVALID, "the file: expected an object, got %s", prism_json_kind(root));
     if (!s)
         s = only_keys(root, "", keys, err);
     if (!s)

@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "config.h"
 
+#include "json_kind.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -105,19 +107,11 @@ const prism_config_key *prism_config_keys(size_t *count)
     return keys;
 }
 
+/* A value's kind for the config's messages, which tell an integer ("an integer") from a real ("a
+ * number"). */
 static const char *json_type_name(const json_t *v)
 {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "a value";
+    return json_is_integer(v) ? "an integer" : prism_json_kind(v);
 }
 
 static const prism_config_key *find_key(const char *name)

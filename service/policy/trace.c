@@ -2,6 +2,8 @@
  * values are errors that name the field, so a typo in a trace never replays silently. */
 #include "trace.h"
 
+#include "json_kind.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,21 +20,6 @@ void prism_trace_record_free(prism_trace_record *r)
     free(r->blocks);
     free(r->entries);
     memset(r, 0, sizeof *r);
-}
-
-static const char *type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "a value";
 }
 
 /* Rejects keys of obj that are not in allowed (NULL-terminated). */
@@ -62,7 +49,7 @@ static prism_status get_uint(const json_t *obj, const char *key, const char *whe
     if (!json_is_integer(v) || json_integer_value(v) < 0 || (uint64_t)json_integer_value(v) > max)
         return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected an integer from 0 to %llu, got %s", where,
                                key, (unsigned long long)max,
-                               json_is_integer(v) ? "one out of range" : type_name(v));
+                               json_is_integer(v) ? "one out of range" : prism_json_kind(v));
     *out = (uint64_t)json_integer_value(v);
     return PRISM_OK;
 }
@@ -78,7 +65,7 @@ static prism_status get_number(const json_t *obj, const char *key, const char *w
     }
     if (!json_is_number(v))
         return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected a number, got %s", where, key,
-                               type_name(v));
+                               prism_json_kind(v));
     double x = json_number_value(v);
     if (non_negative && x < 0)
         return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %g is negative", where, key, x);
@@ -154,7 +141,7 @@ static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_
     if (!blocks)
         return prism_error_set(err, PRISM_ERR_INVALID, "blocks: missing");
     if (!json_is_array(blocks))
-        return prism_error_set(err, PRISM_ERR_INVALID, "blocks: expected an array, got %s", type_name(blocks));
+        return prism_error_set(err, PRISM_ERR_INVALID, "blocks: expected an array, got %s", prism_json_kind(blocks));
     size_t n = json_array_size(blocks);
     if ((st = reserve((void **)&r->blocks, &r->cap_blocks, n, sizeof *r->blocks, err)))
         return st;
@@ -164,7 +151,7 @@ static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_
         snprintf(where, sizeof where, "blocks[%zu].", i);
         if (!json_is_object(b))
             return prism_error_set(err, PRISM_ERR_INVALID, "blocks[%zu]: expected an object, got %s", i,
-                                   type_name(b));
+                                   prism_json_kind(b));
         prism_block_stats *s = &r->blocks[i];
         memset(s, 0, sizeof *s);
         uint64_t id = 0;
@@ -197,7 +184,7 @@ static prism_status parse_calibration(const json_t *root, prism_trace_record *r,
     if (json_object_size(root) != 1)
         return prism_error_set(err, PRISM_ERR_INVALID, "a calibration line has only the key \"calibration\"");
     if (!json_is_object(cal))
-        return prism_error_set(err, PRISM_ERR_INVALID, "calibration: expected an object, got %s", type_name(cal));
+        return prism_error_set(err, PRISM_ERR_INVALID, "calibration: expected an object, got %s", prism_json_kind(cal));
     if ((st = only_keys(cal, keys, "calibration.", err)))
         return st;
     const json_t *fmt = json_object_get(cal, "format");
@@ -212,7 +199,7 @@ static prism_status parse_calibration(const json_t *root, prism_trace_record *r,
         return prism_error_set(err, PRISM_ERR_INVALID, "calibration.errors: missing");
     if (!json_is_object(errors))
         return prism_error_set(err, PRISM_ERR_INVALID, "calibration.errors: expected an object, got %s",
-                               type_name(errors));
+                               prism_json_kind(errors));
     if ((st = reserve((void **)&r->entries, &r->cap_entries, json_object_size(errors), sizeof *r->entries, err)))
         return st;
     size_t n = 0;
@@ -244,7 +231,7 @@ static prism_status parse_layout(const json_t *root, prism_trace_record *r, pris
     if (json_object_size(root) != 1)
         return prism_error_set(err, PRISM_ERR_INVALID, "a layout line has only the key \"layout\"");
     if (!json_is_object(layout))
-        return prism_error_set(err, PRISM_ERR_INVALID, "layout: expected an object, got %s", type_name(layout));
+        return prism_error_set(err, PRISM_ERR_INVALID, "layout: expected an object, got %s", prism_json_kind(layout));
     if ((st = only_keys(layout, keys, "layout.", err)))
         return st;
     const json_t *blocks = json_object_get(layout, "blocks");
@@ -290,7 +277,7 @@ prism_status prism_trace_parse_line(const char *line, size_t len, prism_trace_re
         return prism_error_set(err, PRISM_ERR_INVALID, "column %d: JSON syntax error: %s", jerr.column, jerr.text);
     prism_status st;
     if (!json_is_object(root))
-        st = prism_error_set(err, PRISM_ERR_INVALID, "expected a JSON object, got %s", type_name(root));
+        st = prism_error_set(err, PRISM_ERR_INVALID, "expected a JSON object, got %s", prism_json_kind(root));
     else if (json_object_get(root, "calibration"))
         st = parse_calibration(root, r, err);
     else if (json_object_get(root, "layout"))

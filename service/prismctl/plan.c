@@ -8,6 +8,7 @@
 
 #include "hybrid.h"
 #include "hybrid_json.h"
+#include "json_kind.h"
 #include "telemetry.h"
 
 #include <jansson.h>
@@ -121,19 +122,12 @@ static void fail(reader *r, const char *key, const char *fmt, ...)
     fprintf(stderr, "prismctl plan: %s: %s: %s\n", r->file, key, problem);
 }
 
+/* A value's kind for PLAN.json's messages, which tell an integer from a real. */
 static const char *type_name(const json_t *v)
 {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
+    if (json_is_integer(v))
+        return "an integer";
+    return json_is_real(v) ? "a real" : prism_json_kind(v);
 }
 
 static void join(char *out, size_t cap, const char *path, const char *key)

@@ -16,9 +16,10 @@
   cost figures reach prismd in Hello; staged tensor statistics reach prismd unchanged in the
   next StepReport.
 
-The client is driven through its own ctypes declarations here (not python/prism/client.py), so
-this test pins the C ABI of the new calls independently of the binding. Every wait is bounded;
-every process is stopped on every path."""
+The client is driven through the C calls themselves (ctypes, with the binding's declarations of
+its structs and prototypes from prism.client and prism._lib, whose ABI lib/abi.c and
+test_python_kernels pin), not through prism.Client. Every wait is bounded; every process is
+stopped on every path."""
 
 import concurrent.futures
 import ctypes
@@ -40,6 +41,11 @@ sys.path.insert(0, os.path.join(BUILD, "python-gen"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import grpc  # noqa: E402
+from prism import _lib  # noqa: E402
+from prism import client as prism_client  # noqa: E402
+from prism._lib import Error, GradStats  # noqa: E402
+from prism.client import (BlockLayout, BlockTensorStats, ClientCounters, ClientOptions, ClientPlan,  # noqa: E402
+                          ModelLayout, QuantConfig)
 from prism.v1 import prism_pb2 as pb  # noqa: E402
 from prismtest import free_port, http_get, wait_for  # noqa: E402
 
@@ -51,82 +57,16 @@ V100 = os.path.join(SOURCE, "examples", "hybrid", "v100-32gb.profile.json")
 
 BF16, INT8, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3
 
-# ---- libprism's client through ctypes (include/prism/client.h, pinned by lib/abi.c) ----------
+# ---- libprism's client through ctypes (include/prism/client.h), as the binding declares it ------
 
+COUNTERS = tuple(name for name, _ in ClientCounters._fields_)
 
-class Error(ctypes.Structure):
-    _fields_ = [("status", ctypes.c_int), ("message", ctypes.c_char * 512)]
+assert ctypes.sizeof(BlockLayout) == 56 and ctypes.sizeof(BlockTensorStats) == 64
+assert ctypes.sizeof(ClientPlan) == 168 and ctypes.sizeof(ClientCounters) == 152
 
-
-class Options(ctypes.Structure):
-    _fields_ = [("dir", ctypes.c_char_p), ("socket_name", ctypes.c_char_p), ("hints_name", ctypes.c_char_p),
-                ("job_id", ctypes.c_char_p), ("rank", ctypes.c_uint32), ("world_size", ctypes.c_uint32),
-                ("reconnect_interval_ms", ctypes.c_uint32)]
-
-
-class QuantConfig(ctypes.Structure):
-    _fields_ = [("format", ctypes.c_int), ("granularity", ctypes.c_int), ("block_size", ctypes.c_uint32)]
-
-
-class BlockLayout(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("param_bytes_bf16", ctypes.c_uint64),
-                ("shape", ctypes.POINTER(ctypes.c_uint64)), ("shape_len", ctypes.c_size_t),
-                ("flops", ctypes.c_uint64), ("activation_bytes_bf16", ctypes.c_uint64),
-                ("state_bytes", ctypes.c_uint64)]
-
-
-class ModelLayout(ctypes.Structure):
-    _fields_ = [("model_id", ctypes.c_char_p), ("quant", QuantConfig), ("blocks", ctypes.POINTER(BlockLayout)),
-                ("n_blocks", ctypes.c_uint32)]
-
-
-class GradStats(ctypes.Structure):
-    _fields_ = [("l2_norm", ctypes.c_double), ("max_abs", ctypes.c_double), ("mean", ctypes.c_double),
-                ("variance", ctypes.c_double), ("numel", ctypes.c_uint64), ("nonfinite", ctypes.c_uint64)]
-
-
-class TensorStats(ctypes.Structure):
-    _fields_ = [("block_id", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("x_l2", ctypes.c_double),
-                ("x_max_abs", ctypes.c_double), ("x_numel", ctypes.c_uint64), ("w_l2", ctypes.c_double),
-                ("w_max_abs", ctypes.c_double), ("w_numel", ctypes.c_uint64), ("y_numel", ctypes.c_uint64)]
-
-
-class Plan(ctypes.Structure):
-    _fields_ = [("has_plan", ctypes.c_bool), ("high_fp16", ctypes.c_bool), ("low_format", ctypes.c_int),
-                ("map_version", ctypes.c_uint64), ("low_blocks", ctypes.c_uint32),
-                ("predicted_iteration_seconds", ctypes.c_double), ("compute_seconds", ctypes.c_double),
-                ("device_class", ctypes.c_char * 128)]
-
-
-COUNTERS = ("reports_sent", "reports_dropped", "calibrations_sent", "calibrations_dropped", "hellos_sent",
-            "bytes_sent", "send_errors", "connects", "reconnects", "connect_failures", "disconnects", "hint_reads",
-            "hint_read_failures", "hint_open_failures", "hint_remaps", "invalid_calls", "late_switches",
-            "tensor_stats_sent", "plans_applied")
-
-
-class Counters(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in COUNTERS]
-
-
-assert ctypes.sizeof(BlockLayout) == 56 and ctypes.sizeof(TensorStats) == 64
-assert ctypes.sizeof(Plan) == 168 and ctypes.sizeof(Counters) == 152
-
-_P = ctypes.POINTER
 _vp = ctypes.c_void_p
-LIB = ctypes.CDLL(LIBRARY)
-for _name, _res, _args in [
-        ("prism_client_open", ctypes.c_int, [_P(Options), _P(_vp), _P(Error)]),
-        ("prism_client_close", None, [_vp]),
-        ("prism_client_register", ctypes.c_int, [_vp, _P(ModelLayout), _P(Error)]),
-        ("prism_client_report_step", ctypes.c_int, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(ctypes.c_uint32),
-                                                    _P(GradStats), ctypes.c_size_t, _P(Error)]),
-        ("prism_client_stage_tensor_stats", ctypes.c_int, [_vp, _P(TensorStats), ctypes.c_size_t, _P(Error)]),
-        ("prism_client_begin_step", ctypes.c_uint64, [_vp, ctypes.c_uint64]),
-        ("prism_client_compute_precision", ctypes.c_int, [_vp, ctypes.c_uint32]),
-        ("prism_client_get_plan", ctypes.c_int, [_vp, _P(Plan), _P(Error)]),
-        ("prism_client_get_counters", ctypes.c_int, [_vp, _P(Counters), _P(Error)])]:
-    getattr(LIB, _name).restype = _res
-    getattr(LIB, _name).argtypes = _args
+_lib.load(LIBRARY)
+LIB = prism_client._dll()
 
 # Four blocks of one 8x8 weight each, with cost figures.
 COSTS = [(1000, 2000, 3000), (1 << 40, 0, 7), (0, 5, 0), (123456789, 987654321, 18446744073709551615)]
@@ -138,7 +78,7 @@ class Client:
     def __init__(self, shared, job="j1"):
         self.h = _vp()
         err = Error()
-        opts = Options(dir=shared.encode(), job_id=job.encode(), rank=0, world_size=1, reconnect_interval_ms=50)
+        opts = ClientOptions(dir=shared.encode(), job_id=job.encode(), rank=0, world_size=1, reconnect_interval_ms=50)
         assert LIB.prism_client_open(ctypes.byref(opts), ctypes.byref(self.h), ctypes.byref(err)) == 0, err.message
         self.shape = (ctypes.c_uint64 * 3)(2, 8, 8)
         self.blocks = (BlockLayout * 4)(*[
@@ -159,7 +99,7 @@ class Client:
         return LIB.prism_client_report_step(self.h, step, None, ids, st, 1, None) == 0
 
     def stage(self, entries):
-        arr = (TensorStats * len(entries))(*[TensorStats(**e) for e in entries])
+        arr = (BlockTensorStats * len(entries))(*[BlockTensorStats(**e) for e in entries])
         err = Error()
         assert LIB.prism_client_stage_tensor_stats(self.h, arr, len(entries), ctypes.byref(err)) == 0, err.message
 
@@ -170,12 +110,12 @@ class Client:
         return [LIB.prism_client_compute_precision(self.h, b) for b in range(4)]
 
     def plan(self):
-        p = Plan()
+        p = ClientPlan()
         assert LIB.prism_client_get_plan(self.h, ctypes.byref(p), None) == 0
         return p
 
     def counters(self):
-        n = Counters()
+        n = ClientCounters()
         assert LIB.prism_client_get_counters(self.h, ctypes.byref(n), None) == 0
         return {name: getattr(n, name) for name in COUNTERS}
 

@@ -13,21 +13,14 @@ directory. The run goes through, in order:
 Every wait is bounded (by time and by polling count); every process is stopped on every path."""
 
 import json
-import os
-import re
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import unittest
 import urllib.request
 
 import openapi_check
-from prismtest import free_port, http_get, wait_for
+from cluster import Cluster, get_json, metric, read_log
+from prismtest import wait_for
 
-BUILD = os.path.abspath(os.environ.get("PRISM_BUILD_DIR", "build"))
-SOURCE = os.path.abspath(os.environ.get("PRISM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
 WORLD = 4
 STEPS = 420
 STEP_MS = 40
@@ -37,113 +30,17 @@ CONFIG = {"warmup_steps": 5, "update_interval_steps": 5, "history_window": 3, "a
           "calibration_samples": 2}
 
 
-def get_json(addr, path):
-    status, body = http_get(addr, path)
-    if status != 200:
-        raise AssertionError(f"GET {path}: {status} {body}")
-    return json.loads(body)
+AGENT_OPTIONS = ["--device", "cpu", "--profile-budget-ms", "100"]
 
 
-def read_log(path):
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.endswith("\n"):
-                    rows.append(json.loads(line))
-    return rows
-
-
-def metric(text, name):
-    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
-    return int(m.group(1)) if m else None
-
-
-class Cluster:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="prism-agents-test-")
-        self.config = os.path.join(self.dir, "config.json")
-        with open(self.config, "w") as f:
-            json.dump(CONFIG, f)
-        self.grpc = f"127.0.0.1:{free_port()}"
-        self.http = f"127.0.0.1:{free_port()}"
-        self.prismd = None
-        self.agents = [None] * WORLD
-        self.metrics = [f"127.0.0.1:{free_port()}" for _ in range(WORLD)]
-        self.trainers = [None] * WORLD
-        self.logs = [os.path.join(self.dir, f"trainer{r}.jsonl") for r in range(WORLD)]
-
-    def out(self, name):
-        """A log file for a child's stderr; the child keeps its own descriptor, ours is closed."""
-        return os.open(os.path.join(self.dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def spawn(self, argv, log, **kw):
-        fd = self.out(log)
-        try:
-            return subprocess.Popen(argv, stderr=fd, **kw)
-        finally:
-            os.close(fd)
-
-    def start_prismd(self):
-        self.prismd = self.spawn(
-            [os.path.join(BUILD, "service", "prismd"), "--grpc-listen", self.grpc, "--http-listen", self.http,
-             "--data-dir", os.path.join(self.dir, "data"), "--config", self.config],
-            "prismd.log", stdout=subprocess.DEVNULL)
-        wait_for("prismd ready", lambda: self._ready(self.http, "/readyz"))
-
-    def _ready(self, addr, path):
-        return http_get(addr, path)[0] == 200
-
-    def start_agent(self, r):
-        self.agents[r] = self.spawn(
-            [os.path.join(BUILD, "agent", "prism-agent"), "--prismd", self.grpc, "--dir",
-             os.path.join(self.dir, f"agent{r}"), "--metrics-listen", self.metrics[r], "--device", "cpu",
-             "--profile-budget-ms", "100", "--backoff-initial-ms", "50", "--backoff-max-ms", "400"],
-            f"agent{r}.log", stdout=subprocess.DEVNULL)
-
-    def start_trainers(self):
-        env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"))
-        # gloo meets through a file: a port picked free here could be taken by another test before
-        # torch has started.
-        rendezvous = os.path.join(self.dir, "gloo-rendezvous")
-        for r in range(WORLD):
-            self.trainers[r] = self.spawn(
-                [sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"), "--job", JOB, "--rank", str(r),
-                 "--world", str(WORLD), "--dir", os.path.join(self.dir, f"agent{r}"), "--steps", str(STEPS),
-                 "--step-ms", str(STEP_MS), "--dist-file", rendezvous, "--log", self.logs[r]],
-                f"trainer{r}.log", stdout=subprocess.PIPE, env=env, text=True)
-
-    def agent_metrics(self, r):
-        return http_get(self.metrics[r], "/metrics", openapi=False)[1]
-
-    def min_step(self):
-        return min((rows[-1]["step"] if rows else -1) for rows in map(read_log, self.logs))
-
-    def stop(self):
-        for p in [self.prismd, *self.agents, *self.trainers]:
-            if p and p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-
-    def dump_logs(self):
-        for name in sorted(os.listdir(self.dir)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.dir, name)) as f:
-                    tail = f.read()[-3000:]
-                sys.stderr.write(f"---- {name} ----\n{tail}\n")
+def min_step(c):
+    """The last step every trainer has logged (-1 before each has one)."""
+    return min((rows[-1]["step"] if rows else -1) for rows in map(read_log, c.logs))
 
 
 class AgentsTest(unittest.TestCase):
     def test_four_ranks_with_prismd_and_agents_failing(self):
-        c = Cluster()
-        try:
-            self.run_scenario(c)
-        except BaseException:
-            c.dump_logs()
-            raise
-        finally:
-            c.stop()
-            shutil.rmtree(c.dir, ignore_errors=True)
+        Cluster("prism-agents-test-", WORLD, CONFIG).run(self.run_scenario)
 
     def first_use(self, c, ranks):
         """{map_version: {rank: first step that used it}} from the trainers' logs."""
@@ -167,8 +64,8 @@ class AgentsTest(unittest.TestCase):
     def run_scenario(self, c):
         c.start_prismd()
         for r in range(WORLD):
-            c.start_agent(r)
-        c.start_trainers()
+            c.start_agent(r, AGENT_OPTIONS)
+        c.start_trainers(JOB, STEPS, STEP_MS)
 
         # 1. A first map, used by every rank from its effective step.
         wait_for("every rank past a first map", lambda: all(
@@ -196,8 +93,8 @@ class AgentsTest(unittest.TestCase):
         # 3. prismd killed: training goes on with the last map.
         c.prismd.send_signal(signal.SIGKILL)
         c.prismd.wait(timeout=10)
-        killed_at = c.min_step()
-        wait_for("training to go on without prismd", lambda: c.min_step() >= killed_at + 25, timeout_s=30)
+        killed_at = min_step(c)
+        wait_for("training to go on without prismd", lambda: min_step(c) >= killed_at + 25, timeout_s=30)
         for r in range(WORLD):
             after = [row for row in read_log(c.logs[r]) if row["step"] > killed_at + 2]
             self.assertTrue(after)
@@ -219,7 +116,7 @@ class AgentsTest(unittest.TestCase):
         # 5. The agent of rank 3 killed: trainer 3 goes on.
         c.agents[3].send_signal(signal.SIGKILL)
         c.agents[3].wait(timeout=10)
-        agent_killed_at = c.min_step()
+        agent_killed_at = min_step(c)
         for r in range(WORLD):
             out, _ = c.trainers[r].communicate(timeout=STEPS * STEP_MS / 1000 + 60)
             self.assertEqual(c.trainers[r].returncode, 0, f"trainer {r} failed")

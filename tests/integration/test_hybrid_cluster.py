@@ -18,18 +18,12 @@ state 4,160 x (2 x 4 + 8) = 66,560 bytes), its probe batch 32 x 64 (activations 
 BF16 bytes). Every wait is bounded; every process is stopped on every path."""
 
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import unittest
 
-from prismtest import free_port, http_get, wait_for
+from cluster import Cluster, get_json, metric, read_log
+from prismtest import wait_for
 
-BUILD = os.path.abspath(os.environ.get("PRISM_BUILD_DIR", "build"))
-SOURCE = os.path.abspath(os.environ.get("PRISM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
 WORLD = 4
 BLOCKS = 8
 STEPS = 160
@@ -55,109 +49,19 @@ SLOW = {"device_class": "slow", "device_name": "a slow inference device (test)",
 CLASS_OF = ["fast", "fast", "slow", "slow"]
 
 
-def get_json(addr, path):
-    status, body = http_get(addr, path)
-    if status != 200:
-        raise AssertionError(f"GET {path}: {status} {body}")
-    return json.loads(body)
+TRAINER_OPTIONS = ["--blocks", str(BLOCKS), "--width", "64", "--hybrid", "--tensor-stats-every", "5"]
 
 
-def read_log(path):
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.endswith("\n"):
-                    rows.append(json.loads(line))
-    return rows
-
-
-def metric(text, name):
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
-class Cluster:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="prism-hybrid-test-")
-        self.config = os.path.join(self.dir, "config.json")
-        with open(self.config, "w") as f:
-            json.dump(CONFIG, f)
-        self.profiles = {}
-        for p in (FAST, SLOW):
-            self.profiles[p["device_class"]] = os.path.join(self.dir, p["device_class"] + ".profile.json")
-            with open(self.profiles[p["device_class"]], "w") as f:
-                json.dump(p, f)
-        self.grpc = f"127.0.0.1:{free_port()}"
-        self.http = f"127.0.0.1:{free_port()}"
-        self.prismd = None
-        self.agents = [None] * WORLD
-        self.metrics = [f"127.0.0.1:{free_port()}" for _ in range(WORLD)]
-        self.trainers = [None] * WORLD
-        self.logs = [os.path.join(self.dir, f"trainer{r}.jsonl") for r in range(WORLD)]
-
-    def spawn(self, argv, log, **kw):
-        fd = os.open(os.path.join(self.dir, log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            return subprocess.Popen(argv, stderr=fd, **kw)
-        finally:
-            os.close(fd)
-
-    def start_prismd(self):
-        self.prismd = self.spawn(
-            [os.path.join(BUILD, "service", "prismd"), "--grpc-listen", self.grpc, "--http-listen", self.http,
-             "--data-dir", os.path.join(self.dir, "data"), "--config", self.config],
-            "prismd.log", stdout=subprocess.DEVNULL)
-        wait_for("prismd ready", lambda: http_get(self.http, "/readyz")[0] == 200)
-
-    def start_agent(self, r):
-        self.agents[r] = self.spawn(
-            [os.path.join(BUILD, "agent", "prism-agent"), "--prismd", self.grpc, "--dir",
-             os.path.join(self.dir, f"agent{r}"), "--metrics-listen", self.metrics[r],
-             "--profile-file", self.profiles[CLASS_OF[r]], "--backoff-initial-ms", "50", "--backoff-max-ms", "400"],
-            f"agent{r}.log", stdout=subprocess.DEVNULL)
-
-    def start_trainers(self):
-        env = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"))
-        rendezvous = os.path.join(self.dir, "gloo-rendezvous")
-        for r in range(WORLD):
-            self.trainers[r] = self.spawn(
-                [sys.executable, os.path.join(SOURCE, "examples", "train_demo.py"), "--job", JOB, "--rank", str(r),
-                 "--world", str(WORLD), "--dir", os.path.join(self.dir, f"agent{r}"), "--steps", str(STEPS),
-                 "--step-ms", str(STEP_MS), "--blocks", str(BLOCKS), "--width", "64", "--dist-file", rendezvous,
-                 "--log", self.logs[r], "--hybrid", "--tensor-stats-every", "5"],
-                f"trainer{r}.log", stdout=subprocess.PIPE, env=env, text=True)
-
-    def agent_metrics(self, r):
-        return http_get(self.metrics[r], "/metrics", openapi=False)[1]
-
-    def stop(self):
-        for p in [self.prismd, *self.agents, *self.trainers]:
-            if p and p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-
-    def dump_logs(self):
-        for name in sorted(os.listdir(self.dir)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.dir, name)) as f:
-                    tail = f.read()[-3000:]
-                sys.stderr.write(f"---- {name} ----\n{tail}\n")
+def start_cluster():
+    """The cluster, with a profile file a device class for its agents."""
+    c = Cluster("prism-hybrid-test-", WORLD, CONFIG)
+    c.profiles = {p["device_class"]: c.write_json(p["device_class"] + ".profile.json", p) for p in (FAST, SLOW)}
+    return c
 
 
 class HybridClusterTest(unittest.TestCase):
     def test_two_classes_plan_switch_and_restart(self):
-        c = Cluster()
-        try:
-            self.run_scenario(c)
-        except BaseException:
-            c.dump_logs()
-            raise
-        finally:
-            c.stop()
-            shutil.rmtree(c.dir, ignore_errors=True)
+        start_cluster().run(self.run_scenario)
 
     def check_plan(self, answer):
         """The plan prismd serves: fast all high, slow within budget with exactly four blocks low."""
@@ -183,8 +87,8 @@ class HybridClusterTest(unittest.TestCase):
     def run_scenario(self, c):
         c.start_prismd()
         for r in range(WORLD):
-            c.start_agent(r)
-        c.start_trainers()
+            c.start_agent(r, ["--profile-file", c.profiles[CLASS_OF[r]]])
+        c.start_trainers(JOB, STEPS, STEP_MS, TRAINER_OPTIONS)
 
         # 1. A plan, taken by every rank.
         wait_for("every rank past a first compute plan", lambda: all(
