@@ -256,6 +256,10 @@ static plan_block *block_of(prismd_plans *p, uint32_t id)
 bool prismd_plans_layout(prismd_plans *p, uint32_t id, double param_bytes, double flops, double activation_bytes,
                          double state_bytes)
 {
+    /* A layout without the planner's cost figures (a trainer that does not take part in hybrid
+     * plans, or an older one) costs the job nothing here; one that had them is updated. */
+    if (flops == 0 && activation_bytes == 0 && state_bytes == 0 && prism_idmap_get(&p->ix, id) == PRISM_IDMAP_NONE)
+        return true;
     plan_block *b = block_of(p, id);
     if (!b)
         return false;
@@ -306,9 +310,12 @@ bool prismd_plans_gradients(prismd_plans *p, const prism_block_stats *blocks, si
 {
     for (size_t i = 0; i < count; i++) {
         const prism_block_stats *s = &blocks[i];
-        plan_block *b = block_of(p, s->block_id);
-        if (!b)
-            return false;
+        /* Only blocks the planner already knows (from a layout's cost figures or tensor
+         * statistics): gradients alone never make a job hold the planner's table. */
+        uint32_t ix = prism_idmap_get(&p->ix, s->block_id);
+        if (ix == PRISM_IDMAP_NONE)
+            continue;
+        plan_block *b = &p->blocks[ix];
         if (isfinite(s->l2_norm) && isfinite(s->max_abs) && s->l2_norm >= 0 && s->max_abs >= 0 && !s->nonfinite) {
             b->has_g = true;
             b->g_l2 = s->l2_norm;

@@ -29,7 +29,9 @@ typedef enum prismd_plan_outcome {
 prismd_plans *prismd_plans_create(size_t max_pairs, size_t max_classes);
 void prismd_plans_destroy(prismd_plans *p);
 
-/* A layout block's cost figures (the latest Hello's win). false: out of memory. */
+/* A layout block's cost figures (the latest Hello's win). A block whose figures are all 0 (flops,
+ * activation and state bytes) is not added: a job whose trainers send no cost figures or tensor
+ * statistics holds no per-block planner state. false: out of memory. */
 bool prismd_plans_layout(prismd_plans *p, uint32_t id, double param_bytes, double flops, double activation_bytes,
                          double state_bytes);
 
@@ -45,7 +47,8 @@ bool prismd_plans_tensor_stats(prismd_plans *p, uint32_t rank, uint64_t step, ui
                                double y_numel);
 
 /* The merged step of a decision: each block's l2_norm and max_abs become its gradient
- * statistics (non-finite ones are left out: the block keeps its previous ones). */
+ * statistics (non-finite ones are left out: the block keeps its previous ones). Only blocks
+ * already known (from cost figures or tensor statistics) are updated. */
 bool prismd_plans_gradients(prismd_plans *p, const prism_block_stats *blocks, size_t count);
 
 /* Plans at a decision with the config in force and the job's ranks (ascending). *low_sets_changed
