@@ -417,11 +417,35 @@ static void withdraw_plan(upstream *u, uint64_t version)
               LOG_END);
 }
 
-/* Whether the plan file has a plan for map `version` (the agent reads its own mapping). */
-static bool plan_held(upstream *u, uint64_t version)
+/* Whether the plan file holds, for map p->map_version, exactly the plan p carries as write_plan
+ * would write it: the same figures (formats, predicted times, class) and the same block bytes.
+ * false when it holds none or another, or memory for the comparison runs out (the plan is then
+ * written again, which is harmless). */
+static bool plan_held_same(upstream *u, const Prism__V1__PrecisionUpdate *p)
 {
+    agent *a = u->a;
+    const Prism__V1__ComputePlan *cp = p->compute_plan;
+    uint32_t max = a->opts.max_blocks;
+    uint8_t *want = calloc(2, max ? max : 1);
+    if (!want)
+        return false;
+    uint8_t *held = want + (max ? max : 1);
+    uint32_t n = 0;
+    for (size_t i = 0; i < cp->n_low_blocks; i++)
+        if (cp->low_blocks[i] < max) {
+            want[cp->low_blocks[i]] = (uint8_t)cp->low_format;
+            if (cp->low_blocks[i] + 1 > n)
+                n = cp->low_blocks[i] + 1;
+        }
     prism_plans_entry e;
-    return prism_plans_read(&u->a->plans, version, &e, NULL, 0, 64) == PRISM_PLANS_FOUND;
+    bool same = prism_plans_read(&a->plans, p->map_version, &e, held, max, 64) == PRISM_PLANS_FOUND &&
+                memcmp(want, held, max) == 0 && e.n_blocks == n && e.low_format == (uint32_t)cp->low_format &&
+                e.high_fp16 == (uint32_t)(cp->high_format && strcmp(cp->high_format, "fp16") == 0) &&
+                e.predicted_iteration_seconds == cp->predicted_iteration_seconds &&
+                e.compute_seconds == cp->compute_seconds &&
+                strncmp(e.device_class, cp->device_class ? cp->device_class : "", sizeof e.device_class) == 0;
+    free(want);
+    return same;
 }
 
 /* Applies a map from prismd: a whole one (Welcome, full updates) or the changed blocks. Returns
@@ -436,11 +460,12 @@ static bool apply_update(upstream *u, const Prism__V1__PrecisionUpdate *p, bool 
          * map stays until prismd's versions pass it. The held map's plan is written when the
          * plan file lacks it (a file this agent had to replace, or one that appeared after the
          * trainer started: the trainer maps it within a reconnect interval and reads the plan
-         * of the map in use); a Welcome that repeats the held map without a plan withdraws the
+         * of the map in use) or holds another plan for it (entry figures or block bytes: the
+         * Welcome carries prismd's saved pair, which wins); a Welcome that repeats the held map without a plan withdraws the
          * one the file holds for it. Either write moves the file's seq, so the trainer reads
          * the plan of its map again at its next begin_step. */
         if (p->map_version == u->map_version && p->map_version != 0) {
-            if (p->compute_plan && !plan_held(u, p->map_version))
+            if (p->compute_plan && !plan_held_same(u, p))
                 write_plan(u, p);
             else if (!p->compute_plan && full)
                 withdraw_plan(u, p->map_version);

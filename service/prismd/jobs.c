@@ -84,6 +84,7 @@ struct prismd_job {
     bool map_unsent;        /* the map in memory is not yet saved or not yet sent (a save or a
                              * broadcast failed): saved then broadcast at the next decision or tick */
     int64_t unsent_retry_ms; /* monotonic ms of the next retry at a tick */
+    int64_t unsent_backoff_ms; /* the wait after the last failed save: 1 s doubling to 60 s; 0 after a success */
 };
 
 struct prismd_jobs {
@@ -112,6 +113,14 @@ static int64_t wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Monotonic milliseconds, the clock of the now_ms rpc.c passes in (CLOCK_MONOTONIC). */
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
@@ -869,7 +878,10 @@ static bool device_ok(const Prism__V1__DeviceProfile *d, prismd_status *end)
     return true;
 }
 
-static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__Hello *h,
+static bool save_and_send(prismd_jobs *j, prismd_job *job, const prism_change *changes, size_t change_count,
+                          bool map_changed, bool retry, int64_t now_ms);
+
+static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__Hello *h, int64_t now_ms,
                      prismd_status *end)
 {
     if (peer->job)
@@ -942,6 +954,11 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         }
     }
+    /* A Welcome carries the map in memory with the last durable plan: both must be the saved
+     * pair (DESIGN 7). A map a failed save left unsaved is saved (and sent) first; when the store
+     * still cannot take it, the stream ends UNAVAILABLE and the agent reconnects later. */
+    if (job->map_unsent && !save_and_send(j, job, NULL, 0, false, true, now_ms))
+        return fail(end, GRPC_STATUS_UNAVAILABLE, "prismd cannot save the job's state; retry");
     cal_list cached = {.policy = job->policy};
     if (h->layout && h->layout->fingerprint.len) {
         memcpy(job->fingerprint, h->layout->fingerprint.data, h->layout->fingerprint.len);
@@ -1083,7 +1100,8 @@ static void plan_at_decision(prismd_job *job, const prism_merged_step *m, prism_
     if (!prismd_plans_gradients(job->plans, m->blocks, m->count))
         prism_log(PRISM_LOG_ERROR, "out of memory keeping gradient statistics for hybrid plans", "job", job->id,
                   LOG_END);
-    prismd_plans_decide(job->plans, job->id, prism_policy_config(job->policy), job->ranks, job->nranks, &changed);
+    prismd_plans_decide(job->plans, job->id, prism_policy_config(job->policy), job->ranks, job->nranks,
+                        job->world_size, &changed);
     if (changed) {
         if (!r->map_changed) {
             r->map_version = prism_policy_bump_version(job->policy);
@@ -1101,9 +1119,12 @@ static void plan_at_decision(prismd_job *job, const prism_merged_step *m, prism_
 /* Saves the job's state (with its plan row while that changed since the store took it) and
  * then, when the map changed or an earlier one is still unsent, sends it. A map is durable
  * before it is sent (DESIGN 7): a failed save leaves it unsent (map_unsent), retried by the next
- * decision or tick. false: the save failed (logged, counted). */
+ * decision, a tick at unsent_retry_ms (1 s after the first failure, doubling to 60 s) or a Hello.
+ * retry: a tick's or a Hello's retry of an unsent map (a failure counts in store_retries, logged
+ * once per backoff step at WARN), not a decision's save (store_errors, ERROR). false: the save
+ * failed. */
 static bool save_and_send(prismd_jobs *j, prismd_job *job, const prism_change *changes, size_t change_count,
-                          bool map_changed, int64_t now_ms)
+                          bool map_changed, bool retry, int64_t now_ms)
 {
     prism_error err;
     prismd_plan_row row;
@@ -1113,13 +1134,29 @@ static bool save_and_send(prismd_jobs *j, prismd_job *job, const prism_change *c
     if (j->store && prismd_store_save_state(j->store, job->id, job->policy, job->decided_step, job->effective_step,
                                             changes, change_count, job->has_summary ? &job->summary : NULL,
                                             job->decided_unix, with_row ? &row : NULL, &err)) {
-        j->counters.store_errors++;
         job->map_unsent = job->map_unsent || map_changed;
-        job->unsent_retry_ms = now_ms + 1000;
-        prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "error",
-                  err.message, LOG_END);
+        /* Retries back off (1 s doubling to 60 s): each may wait out the store's busy timeout
+         * on the policy thread while another process holds the lock. */
+        job->unsent_backoff_ms = job->unsent_backoff_ms ? job->unsent_backoff_ms * 2 : 1000;
+        if (job->unsent_backoff_ms > 60000)
+            job->unsent_backoff_ms = 60000;
+        /* counted from when the failed save returned: it may have waited out the busy timeout */
+        int64_t after = mono_ms();
+        job->unsent_retry_ms = (after > now_ms ? after : now_ms) + job->unsent_backoff_ms;
+        char wait_text[24];
+        snprintf(wait_text, sizeof wait_text, "%lld", (long long)job->unsent_backoff_ms);
+        if (retry) {
+            j->counters.store_retries++;
+            prism_log(PRISM_LOG_WARN, "still cannot save the job's state; its map is not sent", "job", job->id,
+                      "retry_in_ms", wait_text, "error", err.message, LOG_END);
+        } else {
+            j->counters.store_errors++;
+            prism_log(PRISM_LOG_ERROR, "cannot save a decision; its map is not sent", "job", job->id, "retry_in_ms",
+                      wait_text, "error", err.message, LOG_END);
+        }
         return false;
     }
+    job->unsent_backoff_ms = 0;
     prismd_plans_saved(job->plans);
     if (map_changed || job->map_unsent) {
         job->map_unsent = !broadcast_map(j, job);
@@ -1177,7 +1214,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             plan_at_decision(job, &m, &r);
         if (!r.decided && !r.map_changed)
             continue;
-        if (!save_and_send(j, job, r.changes, r.change_count, r.map_changed, now_ms))
+        if (!save_and_send(j, job, r.changes, r.change_count, r.map_changed, false, now_ms))
             continue;
         log_changes(job, &r);
         if (r.decided)
@@ -1430,7 +1467,7 @@ bool prismd_jobs_agent_message(prismd_jobs *j, prismd_stream *s, prismd_peer *pe
     }
     bool ok = true;
     if (m->kind_case == PRISM__V1__AGENT_MESSAGE__KIND_HELLO) {
-        ok = on_hello(j, s, peer, m->hello, end);
+        ok = on_hello(j, s, peer, m->hello, now_ms, end);
     } else if (!peer->job) {
         ok = fail(end, GRPC_STATUS_FAILED_PRECONDITION, "the first message of a stream must be a Hello");
     } else {
@@ -1687,6 +1724,7 @@ static void publish(prismd_jobs *j)
     snap->decisions = c->decisions;
     snap->updates_sent = c->updates_sent;
     snap->store_errors = c->store_errors;
+    snap->store_retries = c->store_retries;
     snap->maps_unsent = c->maps_unsent;
     snap->agents_refused = c->streams_refused;
     snap->streams_broken = c->streams_broken;
@@ -1819,11 +1857,14 @@ int64_t prismd_jobs_tick(prismd_jobs *j, int64_t now_ms)
         prismd_job *job = j->jobs[i];
         drain_steps(j, job, now_ms);
         int64_t wait = prism_merger_wait_ms(job->merger, now_ms);
-        if (job->map_unsent) { /* a map not saved or not sent: retried once a second */
-            if (now_ms >= job->unsent_retry_ms && save_and_send(j, job, NULL, 0, false, now_ms))
+        if (job->map_unsent) { /* a map not saved or not sent: retried at unsent_retry_ms (backing off) */
+            if (now_ms >= job->unsent_retry_ms && save_and_send(j, job, NULL, 0, false, true, now_ms))
                 j->urgent = true;
-            if (job->map_unsent && (wait < 0 || wait > 1000))
-                wait = 1000;
+            if (job->map_unsent) {
+                int64_t until = job->unsent_retry_ms > now_ms ? job->unsent_retry_ms - now_ms : 0;
+                if (wait < 0 || wait > until)
+                    wait = until;
+            }
         }
         if (wait >= 0 && (next < 0 || wait < next))
             next = wait;

@@ -68,6 +68,7 @@ typedef struct prismd_jobs_counters {
     uint64_t decisions;
     uint64_t updates_sent;
     uint64_t store_errors;     /* state not saved: its map was not sent */
+    uint64_t store_retries;    /* failed retries of an unsent map's save (tick or Welcome; backing off) */
     uint64_t streams_refused;  /* Connect streams ended for a bad Hello, token or order */
     uint64_t streams_broken;   /* Connect streams whose read failed: an oversized message, a lost peer */
     uint64_t reports_step_out_of_range; /* step reports refused: step id above PRISM_STEP_MAX */

@@ -510,7 +510,8 @@ static const prismd_option prismd_option_table[] = {
      "refused, the plan in force stays): planning runs on the single policy thread and costs O(pairs x blocks) "
      "(10,000 blocks x 2 classes: ~0.64 s; 40,000 blocks: ~11.5 s, stalling every job's decisions)"},
     {"hybrid-max-classes", 0, "N", "16", set_hybrid_max_classes,
-     "distinct device classes a job's hybrid plan may have; more is refused (status refused)"},
+     "distinct device classes a job's hybrid plan may have; more is refused (status refused), and so are "
+     "classes x blocks above --hybrid-max-classes x --hybrid-max-pairs (checked before planning allocates)"},
     /* What one client may make prismd hold (memory, disk): issue 12 item 5, mem_limits.h. */
     {"total-stream-buffer-bytes", 0, "N", "268435456", set_total_stream_buffer_bytes,
      "unsent bytes all gRPC calls together may hold (stream queues, GetBlockMap answers not taken; 0: no cap); "

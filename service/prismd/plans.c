@@ -431,16 +431,20 @@ static prismd_plan_outcome refuse_early(prismd_plans *p, const char *job_id, con
     return PRISMD_PLAN_REFUSED;
 }
 
-/* Withdraws the plan in force (the caller sends a map without plans). */
+/* Withdraws the plan in force (the caller sends a map without plans). A refusal recorded
+ * before is dropped with it: the status then says why nothing is planned now. */
 static void withdraw(prismd_plans *p)
 {
     drop_attempt(p);
     drop_plan(p);
+    p->refused = false;
+    p->message[0] = '\0';
     p->row_dirty = true;
 }
 
 prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, const prism_config *cfg,
-                                        const prismd_rank_facts *ranks, size_t nranks, bool *low_sets_changed)
+                                        const prismd_rank_facts *ranks, size_t nranks, uint32_t world_size,
+                                        bool *low_sets_changed)
 {
     *low_sets_changed = p->withdraw_pending; /* a stored plan agents may still hold goes with a map */
     bool withdrew = p->withdraw_pending;
@@ -461,8 +465,12 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
         return withdrew ? PRISMD_PLAN_WITHDRAWN : PRISMD_PLAN_NONE;
     size_t L = 0;
     uint64_t missing = missing_blocks(p, &L);
-    /* Planning no longer applies to the plan in force: fewer than two classes, or another block count. */
-    if (p->cur && (p->ncls < 2 || L != p->cur->nblocks)) {
+    /* Planning no longer applies to the plan in force: fewer than two classes, or another block
+     * count. Fewer than two classes counts only once every rank has said Hello since prismd
+     * started: rank facts are not stored, so after a restart the ranks reconnected so far may
+     * form one class while the others, not yet back, form the rest. */
+    bool single = p->ncls < 2 && nranks >= world_size;
+    if (p->cur && (single || L != p->cur->nblocks)) {
         withdraw(p);
         *low_sets_changed = withdrew = true;
     }
@@ -475,12 +483,23 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
                  p->max_classes);
         return refuse_early(p, job_id, why);
     }
+    /* What the attempt allocates is bounded before it allocates: C x L <= max_classes x
+     * max_pairs (C is already at most max_classes; the pairs of non-fixed classes, at most
+     * max_pairs, are checked before the ranking, sized by them, is made). */
+    if (L > p->max_classes * p->max_pairs / C) {
+        char why[300];
+        snprintf(why, sizeof why,
+                 "%zu device classes x %zu blocks: more than %zu (prismd --hybrid-max-classes x --hybrid-max-pairs)", C,
+                 L, p->max_classes * p->max_pairs);
+        return refuse_early(p, job_id, why);
+    }
     prismd_plan_outcome outcome = PRISMD_PLAN_NONE;
+    bool oom = false; /* an allocation failed: refused with "out of memory" (the plan in force stays) */
     prism_hybrid_block *blocks = calloc(L, sizeof *blocks);
     prism_hybrid_class *classes = calloc(C, sizeof *classes);
     bool *force = calloc(L, sizeof *force);
     prism_hybrid_class_formats *fm = calloc(C, sizeof *fm);
-    rank_pair *ranking = calloc(C * L, sizeof *ranking);
+    rank_pair *ranking = NULL;
     char **names = calloc(C, sizeof *names);
     double *inputs = NULL;
     size_t ninputs = 0, nranking = 0;
@@ -488,8 +507,10 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
     prismd_plan_class *out = NULL;
     char *json = NULL;
     prism_error err = {0};
-    if (!blocks || !classes || !force || !fm || !ranking || !names)
+    if (!blocks || !classes || !force || !fm || !names) {
+        oom = true;
         goto done;
+    }
     for (size_t i = 0; i < p->nblocks; i++) {
         const plan_block *b = &p->blocks[i];
         prism_hybrid_block *h = &blocks[b->id]; /* ids are 0..L-1: none is missing */
@@ -509,8 +530,10 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
                                           .int8_ops = f->int8_ops_per_second, .fp8_ops = f->fp8_ops_per_second,
                                           .quantize_fixed_seconds = f->quantize_fixed_seconds,
                                           .quantize_seconds_per_byte = f->quantize_seconds_per_byte};
-        if (!(names[k] = strdup(f->device_class)))
+        if (!(names[k] = strdup(f->device_class))) {
+            oom = true;
             goto done;
+        }
     }
     for (size_t i = 0; i < cfg->force_bf16_blocks.count; i++)
         if (cfg->force_bf16_blocks.ids[i] < L)
@@ -544,9 +567,9 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
     }
     if (!problem[0] && prism_hybrid_resolve(&pr, fm, &err))
         snprintf(problem, sizeof problem, "%.400s (classes in name order)", err.message);
+    size_t pairs = 0;
     if (!problem[0]) {
         /* Planning runs on the policy thread and costs O(pairs x blocks): bounded by a flag. */
-        size_t pairs = 0;
         for (size_t k = 0; k < C; k++)
             pairs += fm[k].fixed ? 0 : L;
         if (pairs > p->max_pairs)
@@ -554,8 +577,12 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
                      "%zu (class, block) pairs of non-fixed classes to plan: more than %zu (prismd --hybrid-max-pairs)",
                      pairs, p->max_pairs);
     }
-    if (!(inputs = inputs_of(&pr, &ninputs)))
+    inputs = inputs_of(&pr, &ninputs);
+    ranking = malloc((problem[0] || !pairs ? 1 : pairs) * sizeof *ranking); /* sized by the pairs checked */
+    if (!inputs || !ranking) {
+        oom = true;
         goto done;
+    }
     if (!problem[0]) {
         /* The raise order of the model: pairs low at the start, by decreasing delta, class name, block id. */
         for (size_t k = 0; k < C; k++)
@@ -626,13 +653,13 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
     prism_buf text = {0};
     if (prism_hybrid_json_write(&text, &pr, &res, NULL) || prism_buf_append(&text, "", 1)) {
         prism_buf_free(&text);
-        drop_attempt(p); /* out of memory: try again at the next decision */
+        oom = true; /* refused: tried again at the next decision */
         goto done;
     }
     json = text.data;
     out = calloc(C, sizeof *out);
     if (!out) {
-        drop_attempt(p);
+        oom = true;
         goto done;
     }
     for (size_t k = 0; k < C; k++) {
@@ -644,7 +671,7 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
         if (!out[k].name || !out[k].low_blocks) {
             free_classes(out, C);
             out = NULL;
-            drop_attempt(p);
+            oom = true;
             goto done;
         }
         for (size_t i = 0; i < L; i++)
@@ -657,7 +684,7 @@ prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, con
         free(o);
         free_classes(out, C);
         out = NULL;
-        drop_attempt(p);
+        oom = true;
         goto done;
     }
     *o = (plan_obj){.refs = 1, .json = shared, .classes = out, .nclasses = C, .nblocks = L,
@@ -685,6 +712,8 @@ done:
     free(ranking);
     free(inputs);
     free_names(names, names ? C : 0);
+    if (oom)
+        outcome = refuse_early(p, job_id, "out of memory while planning");
     if (withdrew && outcome == PRISMD_PLAN_NONE)
         outcome = PRISMD_PLAN_WITHDRAWN;
     return outcome;

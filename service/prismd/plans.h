@@ -25,7 +25,9 @@ typedef enum prismd_plan_outcome {
 
 /* max_pairs: the most (class, block) pairs of non-fixed classes one plan may have
  * (--hybrid-max-pairs); max_classes: the most device classes (--hybrid-max-classes). More is
- * refused (the plan in force stays; the message names the flag). */
+ * refused (the plan in force stays; the message names the flag), and so are C classes x L blocks
+ * above max_classes x max_pairs (what one attempt allocates is bounded by it), checked before
+ * anything is allocated. An allocation that fails is a refusal ("out of memory ..."). */
 prismd_plans *prismd_plans_create(size_t max_pairs, size_t max_classes);
 void prismd_plans_destroy(prismd_plans *p);
 
@@ -51,11 +53,15 @@ bool prismd_plans_tensor_stats(prismd_plans *p, uint32_t rank, uint64_t step, ui
  * already known (from cost figures or tensor statistics) are updated. */
 bool prismd_plans_gradients(prismd_plans *p, const prism_block_stats *blocks, size_t count);
 
-/* Plans at a decision with the config in force and the job's ranks (ascending). *low_sets_changed
+/* Plans at a decision with the config in force and the job's ranks (ascending; those that sent
+ * a Hello since prismd started, world_size at most). The plan in force is withdrawn for fewer
+ * than two classes only when all world_size ranks have sent one (after a restart ranks come back
+ * one by one). *low_sets_changed
  * is true when the per-class low sets now in force differ from those before (the map must go
  * out: the caller commits one and calls prismd_plans_set_map). Logs refusals. */
 prismd_plan_outcome prismd_plans_decide(prismd_plans *p, const char *job_id, const prism_config *cfg,
-                                        const prismd_rank_facts *ranks, size_t nranks, bool *low_sets_changed);
+                                        const prismd_rank_facts *ranks, size_t nranks, uint32_t world_size,
+                                        bool *low_sets_changed);
 
 /* The map the plan now in force went out with. */
 void prismd_plans_set_map(prismd_plans *p, uint64_t map_version, uint64_t decided_step, uint64_t effective_step);

@@ -962,6 +962,9 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     add(&t, "prism_map_updates_sent_total %llu\n", (unsigned long long)snap->updates_sent);
     family(&t, "prism_store_errors_total", "counter", "Decisions the store could not save (their maps were not sent).");
     add(&t, "prism_store_errors_total %llu\n", (unsigned long long)snap->store_errors);
+    family(&t, "prism_store_retries_total", "counter",
+           "Retries of an unsaved map's save that failed again (backing off from 1 s to 60 s).");
+    add(&t, "prism_store_retries_total %llu\n", (unsigned long long)snap->store_retries);
     family(&t, "prism_maps_unsent_total", "counter",
            "Map broadcasts put off because their messages could not be packed (out of memory); the map is sent at "
            "the next decision or tick.");

@@ -143,6 +143,7 @@ typedef struct prismd_snapshot {
     uint64_t unimplemented_calls;
     uint64_t agents_replaced, jobs_deleted, jobs_expired;        /* auth.h, jobs.c */
     uint64_t maps_unsent;                                       /* broadcasts put off for want of memory */
+    uint64_t store_retries;                                     /* failed retries of an unsent map's save */
     uint64_t tensor_stats_accepted, tensor_stats_refused;       /* BlockTensorStats entries (hybrid plans) */
     uint64_t tokens_loads_ok, tokens_loads_failed, tokens_provisioned;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS]; /* cumulative counts per bucket */

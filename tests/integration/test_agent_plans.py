@@ -587,6 +587,38 @@ class AgentPlansTest(unittest.TestCase):
         wait_for("a third Welcome", lambda: self.metric(a, "prism_agent_upstream_welcomes_total") == 3)
         self.assertEqual(self.metric(a, "prism_agent_plans_withdrawn_total"), 1)
 
+    def test_a_held_maps_plan_that_changes_in_a_welcome_is_rewritten(self):
+        plan = pb.ComputePlan(device_class="t4-16gb", low_format=INT8, high_format="fp16", low_blocks=[0],
+                              predicted_iteration_seconds=1.0, compute_seconds=0.75)
+        fake = FakePrismd(pb.Welcome(config=pb.PolicyConfig(), map=update(3, 4, plan)))
+        self.fakes.append(fake)
+        a = self.agent(fake.target, "--profile-file", T4)
+        c = self.client()
+        wait_for("map 3", lambda: self.metric(a, "prism_agent_plan_map_version") == 3)
+        self.assertEqual(c.begin_step(4), 3)
+        self.assertEqual(c.compute(), [INT8, BF16, BF16, BF16])
+        # prismd repeats map 3 with another plan (the pair it saved): the slot is rewritten.
+        other = pb.ComputePlan(device_class="t4-16gb", low_format=INT8, high_format="fp16", low_blocks=[1, 2],
+                               predicted_iteration_seconds=1.0, compute_seconds=0.5)
+        fake.welcome = pb.Welcome(config=pb.PolicyConfig(), map=update(3, 4, other))
+        fake.kick.set()
+        wait_for("the plan rewritten", lambda: self.metric(a, "prism_agent_plans_written_total") == 2)
+        self.assertEqual(self.metric(a, "prism_agent_plan_low_blocks"), 2)
+        self.assertEqual(c.begin_step(5), 3)
+        self.assertEqual(c.compute(), [BF16, INT8, INT8, BF16])
+        # Only an entry figure differs (the same blocks): rewritten too.
+        changed = pb.ComputePlan(device_class="t4-16gb", low_format=INT8, high_format="fp16", low_blocks=[1, 2],
+                                 predicted_iteration_seconds=2.0, compute_seconds=0.5)
+        fake.welcome = pb.Welcome(config=pb.PolicyConfig(), map=update(3, 4, changed))
+        fake.kick.set()
+        wait_for("the figures rewritten", lambda: self.metric(a, "prism_agent_plans_written_total") == 3)
+        # The same plan again: nothing written.
+        fake.kick.set()
+        wait_for("a fourth Welcome", lambda: self.metric(a, "prism_agent_upstream_welcomes_total") == 4)
+        self.assertEqual(self.metric(a, "prism_agent_plans_written_total"), 3)
+        self.assertEqual(c.begin_step(6), 3)
+        self.assertEqual(c.compute(), [BF16, INT8, INT8, BF16])
+
     def test_memory_bytes_is_read_exactly(self):
         for i, (text, want) in enumerate([('{"memory_bytes": 9223372036854775807}', 9223372036854775807),
                                           ('{"memory_bytes": 9007199254740993}', 9007199254740993),

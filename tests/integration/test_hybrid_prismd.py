@@ -485,6 +485,41 @@ class HybridPrismdTest(unittest.TestCase):
                 return u
         raise AssertionError("no update of map version %d" % version)
 
+    def test_a_restart_keeps_the_plan_while_ranks_reconnect_of_one_class(self):
+        agents, updates, doc = self.first_plan()
+        for a in agents:
+            a.close()
+        self.agents = []
+        self.prismd.kill()
+        self.prismd = tg.Prismd(reuse=self.prismd)
+        # Only the V100s (ranks 0 and 1: one class) are back, and a decision happens (steps merged
+        # at the step timeout without ranks 2 and 3): the ranks not yet back do not withdraw the plan.
+        agents = [self.connect(r)[0] for r in (0, 1)]
+        self.steps(agents, (3, 4), GRADS)
+        self.wait_decisions(1)
+        after = self.plan()
+        self.assertEqual((after["status"], after["map_version"], after["plan"]),
+                         ("planned", doc["map_version"], doc["plan"]))
+        self.assertEqual(after["classes_seen"], ["v100-32gb"])
+        self.assertEqual(self.plans_total(), (0, 0, 0))
+        # The T4s come back: their Welcome carries their class's plan with the same map.
+        for rank in (2, 3):
+            a, welcome = self.connect(rank)
+            self.assertEqual(welcome.map.map_version, doc["map_version"])
+            self.assertEqual(welcome.map.compute_plan.device_class, "t4-16gb")
+            self.assertEqual(list(welcome.map.compute_plan.low_blocks), low_blocks(doc["plan"], "t4-16gb"))
+
+    def test_more_classes_times_blocks_than_the_flags_allow_are_refused_before_planning(self):
+        # 2 classes x 48 blocks = 96 > 2 x 47: refused before anything is allocated (the pairs of
+        # the non-fixed class alone, 48, would be refused by --hybrid-max-pairs only afterwards).
+        self.restart_with("--hybrid-max-classes", "2", "--hybrid-max-pairs", "47")
+        agents = self.all_connect()
+        self.steps(agents, (1, 2), GRADS)
+        doc = self.plan(lambda d: d["status"] == "refused")
+        self.assertEqual(doc["message"],
+                         "2 device classes x 48 blocks: more than 94 (prismd --hybrid-max-classes x --hybrid-max-pairs)")
+        self.assertIsNone(doc["plan"])
+
     def test_the_class_profile_the_tensor_halves_and_the_gradients_follow_their_rules(self):
         # Rank 3's profile differs from rank 2's (memory): the class's profile is its lowest rank's.
         other = device("t4-16gb")
@@ -542,28 +577,44 @@ class HybridPrismdTest(unittest.TestCase):
             self.steps(agents, (3, 4), GRADS, stats_of=STATS2)
             self.wait_metric("prism_store_errors_total", (), lambda v: v >= 1)
             self.assertIn("cannot save a decision", self.prismd.logs())
-            # The new plan is not durable: a Welcome carries the last durable one. (The policy thread
-            # waits out the busy timeout at each save it tries meanwhile: a longer bound here.)
+            # The new map and plan are not durable: no Welcome carries them, nor the new map with the
+            # old plan. The Hello tries the save first; the store still refuses it, so the stream
+            # ends UNAVAILABLE (the agent reconnects later). (The policy thread waits out the busy
+            # timeout at each save it tries meanwhile: a longer bound here.)
             a3 = tg.Agent(self.prismd)
             self.agents.append(a3)
             a3.send(hello=pb.Hello(job_id=JOB, rank=3, world_size=4, node="node-3", device=device(CLASSES[3]),
                                    layout=layout()))
             m = a3.inbox.get(timeout=60)
-            self.assertIsNotNone(m)
-            self.assertEqual(m.WhichOneof("kind"), "welcome")
-            welcome = m.welcome
-            agents[3] = a3
-            self.assertEqual(list(welcome.map.compute_plan.low_blocks), low_blocks(doc["plan"], "t4-16gb"))
+            self.assertIsNone(m, m)
+            self.assertEqual(a3.done.code(), tg.grpc.StatusCode.UNAVAILABLE)
+            self.assertEqual(a3.done.details(), "prismd cannot save the job's state; retry")
+            self.wait_metric("prism_store_retries_total", (), lambda v: v >= 1)
         finally:
             lock.execute("ROLLBACK")
             lock.close()
-        # Released: the map and its plan are saved, then sent, without another decision.
+        # Released: the map and its plan are saved, then sent, without another decision. The
+        # stream refused above did not replace rank 3's agent.
         for rank, a in enumerate(agents):
             u = self.update_of_version(a, version + 1)
             self.assertEqual((u.decided_step, u.effective_step), (4, 7))
             self.assertEqual(list(u.compute_plan.low_blocks), low_blocks(second, CLASSES[rank]))
         sent = self.plan(lambda d: d["map_version"] == version + 1)
         self.assertEqual(sent["plan"], second)
+        # A Hello now gets the saved pair.
+        agents[3], welcome = self.connect(3)
+        self.assertEqual(welcome.map.map_version, version + 1)
+        self.assertEqual(list(welcome.map.compute_plan.low_blocks), low_blocks(second, "t4-16gb"))
+        # One failed decision save is one store error (ERROR); each failed retry of it counts
+        # apart, with one WARN line naming its backoff (1 s after the failure, then doubling).
+        m = metrics(self.prismd)
+        self.assertEqual(m[("prism_store_errors_total", frozenset())], 1)
+        retries = m[("prism_store_retries_total", frozenset())]
+        logs = self.prismd.logs()
+        self.assertEqual(logs.count("cannot save a decision"), 1)
+        warns = [ln for ln in logs.splitlines() if "still cannot save the job's state" in ln]
+        self.assertEqual(len(warns), retries)
+        self.assertTrue(all("retry_in_ms=%d" % min(60000, 2000 << i) in ln for i, ln in enumerate(warns)), warns)
         # kill -9 and restart: the store has what the agents were sent.
         for a in agents:
             a.close()
@@ -647,6 +698,18 @@ class HybridPrismdTest(unittest.TestCase):
             self.assertEqual(list(welcome.map.compute_plan.low_blocks), [])
         self.steps(agents, (3, 4), GRADS)
         self.assert_withdrawn(agents, doc["map_version"], 4, "single_class")
+
+    def test_a_withdrawal_after_a_refusal_reads_single_class(self):
+        agents, updates, doc = self.first_plan()
+        status, body = self.prismd.http("/v1/jobs/%s/config" % JOB, "PATCH", json.dumps({"hybrid_memory_fraction": 0.25}))
+        self.assertEqual(status, 200, body)
+        self.steps(agents, (3, 4), GRADS)
+        self.plan(lambda d: d["status"] == "refused")
+        for rank in (2, 3):
+            agents[rank], _ = self.connect(rank, profile=device("v100-32gb"))
+        self.steps(agents, (5, 6), GRADS)
+        after = self.assert_withdrawn(agents, doc["map_version"], 6, "single_class")
+        self.assertEqual(after["message"], "the job's ranks report fewer than two device classes")
 
     def test_the_plan_is_withdrawn_when_the_layout_block_count_changes(self):
         agents, updates, doc = self.first_plan()
