@@ -19,6 +19,8 @@ void prism_trace_record_free(prism_trace_record *r)
 {
     free(r->blocks);
     free(r->entries);
+    free(r->job_id);
+    free(r->config_json);
     memset(r, 0, sizeof *r);
 }
 
@@ -95,7 +97,7 @@ static int compare_u32(const void *a, const void *b)
 }
 
 /* A block id may appear once per line; sorting a copy finds a repeat in n log n. */
-static prism_status check_unique_ids(const prism_block_stats *blocks, size_t n, prism_error *err)
+prism_status prism_trace_check_unique_ids(const prism_block_stats *blocks, size_t n, prism_error *err)
 {
     if (n < 2)
         return PRISM_OK;
@@ -169,7 +171,7 @@ static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_
             return prism_error_set(err, PRISM_ERR_INVALID, "%snonfinite: %llu exceeds numel %llu", where,
                                    (unsigned long long)s->nonfinite, (unsigned long long)s->numel);
     }
-    if ((st = check_unique_ids(r->blocks, n, err)))
+    if ((st = prism_trace_check_unique_ids(r->blocks, n, err)))
         return st;
     r->count = n;
     r->kind = PRISM_TRACE_STEP;
@@ -266,6 +268,9 @@ prism_status prism_trace_parse_line(const char *line, size_t len, prism_trace_re
     r->count = 0;
     r->has_loss = false;
     r->rank = 0;
+    r->merged = false;
+    r->ranks = 0;
+    r->version_bumped = false;
     size_t i = 0;
     while (i < len && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n'))
         i++;

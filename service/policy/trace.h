@@ -13,7 +13,9 @@ typedef enum prism_trace_kind {
     PRISM_TRACE_BLANK = 0,
     PRISM_TRACE_STEP,
     PRISM_TRACE_CALIBRATION,
-    PRISM_TRACE_LAYOUT
+    PRISM_TRACE_LAYOUT,
+    PRISM_TRACE_HEADER, /* binary traces only (trace_bin.h): a segment starts */
+    PRISM_TRACE_CONFIG  /* binary traces only: a new policy config */
 } prism_trace_kind;
 
 typedef struct prism_trace_entry {
@@ -33,6 +35,15 @@ typedef struct prism_trace_record {
     size_t count;
     size_t cap_blocks, cap_entries;
     prism_precision format;    /* calibration */
+    /* Binary traces only (trace_bin.h). */
+    bool merged;               /* step: already merged over ranks (feed it to the policy, not a merger) */
+    uint32_t ranks;            /* step: ranks merged into it */
+    bool version_bumped;       /* step: its decision committed a new map version for a hybrid plan alone */
+    uint64_t segment;          /* header */
+    uint64_t unix_time_ms;     /* header */
+    bool restored;             /* header: prismd restored the job from its store before this segment */
+    char *job_id;              /* header (owned, NUL-terminated) */
+    char *config_json;         /* header, config: the config as JSON text (owned, NUL-terminated) */
 } prism_trace_record;
 
 void prism_trace_record_init(prism_trace_record *r);
@@ -41,5 +52,8 @@ void prism_trace_record_free(prism_trace_record *r);
 /* Parses one line into r (reusing its arrays). Errors name the field, e.g. "blocks[2].l2:
  * expected a number >= 0"; the caller adds the file and line. */
 prism_status prism_trace_parse_line(const char *line, size_t len, prism_trace_record *r, prism_error *err);
+
+/* "blocks[I].id: block B appears twice in this line" when a block id repeats. */
+prism_status prism_trace_check_unique_ids(const prism_block_stats *blocks, size_t n, prism_error *err);
 
 #endif
