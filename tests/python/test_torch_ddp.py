@@ -282,6 +282,13 @@ def worker(rank, world, folder):
                      "plain_allreduces": state.plain_allreduces, "elements_low": state.elements_low,
                      "elements_high": state.elements_high}
 
+    # The same bucket in bfloat16 (a bf16 model's bucket): gloo sums the unquantized part in float32.
+    state16 = pt.QuantizedAllReduceState(wire="map", attachment=att)
+    buffer16 = torch.cat([torch.from_numpy(map_grad(rank, n)).reshape(-1) for n, _, _ in MAP_PARAMS]).bfloat16()
+    out16 = pt.quantized_allreduce_hook(state16, Bucket(buffer16, order)).value()
+    result["map_bf16"] = {"dtype": str(out16.dtype), "bytes": out16.view(torch.uint8).numpy().tobytes(),
+                          "wire_bytes": state16.wire_bytes}
+
     # Sizes that differ between ranks: a ValueError on every rank, and the group works after it.
     try:
         pt.quantized_allreduce([torch.ones(10 + (rank == world - 1) * 300)], "int8")
@@ -516,6 +523,18 @@ class TorchDDP(unittest.TestCase):
             self.assertEqual(m["bf16_bytes"], bf16_ring_bytes(sum(sizes.values()), self.world))
             self.assertEqual((m["calls"], m["collectives"], m["plain_allreduces"]), (1, 2, 1))
             self.assertEqual((m["elements_low"], m["elements_high"]), (sum(low[1]) + sum(low[2]), high))
+
+    def test_map_mode_bfloat16_bucket(self):
+        sizes = {n: int(np.prod(s)) for n, s, _ in MAP_PARAMS}
+        high = sum(sizes[n] for n, _, b in MAP_PARAMS if b in (0, None))
+        want = (prism_bytes([sizes[n] for n, _, b in MAP_PARAMS if b == 1], "int8", 256, self.world)
+                + prism_bytes([sizes[n] for n, _, b in MAP_PARAMS if b == 2], "fp8_e4m3", 256, self.world)
+                + 2 * (self.world - 1) * high * 4 // self.world)  # gloo: the bf16 part goes as float32
+        for r in range(self.world):
+            m = self.py[r]["map_bf16"]
+            self.assertEqual(m["dtype"], "torch.bfloat16")
+            self.assertTrue(m["bytes"] == self.py[0]["map_bf16"]["bytes"], f"rank {r} differs from rank 0")
+            self.assertEqual(m["wire_bytes"], want)
 
     def test_ranks_that_disagree_get_an_error_everywhere(self):
         for r in range(self.world):
