@@ -54,7 +54,6 @@ current stream with the same kernels, as the NCCL backend of the C collectives d
 """
 
 import collections
-import math
 
 import numpy as np
 import torch

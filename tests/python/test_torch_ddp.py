@@ -593,7 +593,8 @@ class Arguments(unittest.TestCase):
 
     def test_defaults(self):
         s = pt.QuantizedAllReduceState()
-        self.assertEqual((s.wire, s.op, s.row_width, s.process_group, s.attachment), ("fp8_e4m3", "avg", 256, None, None))
+        self.assertEqual((s.wire, s.op, s.row_width, s.process_group, s.attachment),
+                         ("fp8_e4m3", "avg", 256, None, None))
         self.assertEqual((s.wire_bytes, s.bf16_bytes, s.calls), (0, 0, 0))
 
 
