@@ -123,10 +123,9 @@ static bool write_case(FILE *f, const one_case *c, prism_status st, const prism_
     return ok;
 }
 
-/* This rank's whole run: every case of in.<rank> into out.<rank>. Every rank reads the same number
- * of cases (the files come from one writer); a rank whose file is short still runs no call the
- * others wait for beyond its last case, so a broken file ends the run with an error, not a hang
- * (MPI_Abort). */
+/* This rank's whole run: every case of in.<rank> into out.<rank>. The files come from one writer
+ * and hold the same cases; a rank that cannot read or write its file returns nonzero, and main
+ * then ends the job with MPI_Abort, so the other ranks, waiting in a call, do not hang. */
 static int run(prism_coll_comm *comm, const char *dir, int rank)
 {
     char in_path[4096], out_path[4096], tmp_path[4200];
