@@ -39,6 +39,21 @@ static json_t *parse_value(const char *text, size_t len)
     return json_stringn(text, len);
 }
 
+/* A value as JSON text with its numbers as people write them (0.3, not 0.29999999999999999):
+ * 15 significant digits when that reads back to the same value, else 17. */
+static char *value_text(const json_t *v)
+{
+    const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
+    char *text = json_dumps(v, flags | JSON_REAL_PRECISION(15));
+    json_t *back = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+    bool exact = back && json_equal(back, (json_t *)v);
+    json_decref(back);
+    if (exact)
+        return text;
+    free(text);
+    return json_dumps(v, flags | JSON_REAL_PRECISION(17));
+}
+
 prism_status replay_sweep_add(replay_sweep *s, const char *arg, prism_error *err)
 {
     const char *eq = strchr(arg, '=');
@@ -119,7 +134,7 @@ prism_status replay_sweep_add(replay_sweep *s, const char *arg, prism_error *err
         s->keys = keys;
     bool ok = keys && texts && name;
     for (size_t i = 0; ok && i < json_array_size(values); i++)
-        ok = (texts[i] = json_dumps(json_array_get(values, i), JSON_COMPACT | JSON_ENCODE_ANY)) != NULL;
+        ok = (texts[i] = value_text(json_array_get(values, i))) != NULL;
     if (!ok) {
         for (size_t i = 0; texts && i < json_array_size(values); i++)
             free(texts[i]);
