@@ -17,3 +17,10 @@ add_dependencies(test_replay_sweep prismctl)
 prism_test(test_replay_parse SOURCES unit/test_replay_parse.c ${PROJECT_SOURCE_DIR}/service/prismctl/replay_load.c
            LIBS prism_trace_bin)
 target_include_directories(test_replay_parse PRIVATE ${PROJECT_SOURCE_DIR}/service/prismctl)
+#   test_replay_reference  bench/bench_replay.sh's three replays (the plain-Python reference,
+#                          prismctl on JSONL, prismctl on binary) print the same records on a
+#                          small trace of the benchmark's kind
+add_test(NAME test_replay_reference COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_replay_reference.py)
+set_tests_properties(test_replay_reference PROPERTIES
+  ENVIRONMENT "PRISM_BUILD_DIR=${CMAKE_BINARY_DIR};PRISM_SOURCE_DIR=${CMAKE_SOURCE_DIR}" TIMEOUT 300
+  REQUIRED_FILES "$<TARGET_FILE:prismctl>")

@@ -395,7 +395,7 @@ static prism_status drain(replay *r, prism_merger *merger, prism_error *err)
 
 static prism_status apply_layout(replay *r, const replay_event *e, prism_error *err)
 {
-    const prism_trace_entry *en = r->trace->entries + e->first;
+    const prism_trace_entry *en = e->count ? r->trace->entries + e->first : NULL;
     prism_status st = PRISM_OK;
     for (size_t i = 0; i < r->nrunners && !st; i++)
         for (size_t k = 0; k < e->count && !st; k++)
@@ -419,7 +419,7 @@ static prism_status apply_layout(replay *r, const replay_event *e, prism_error *
 
 static prism_status apply_calibration(replay *r, const replay_event *e, prism_error *err)
 {
-    const prism_trace_entry *en = r->trace->entries + e->first;
+    const prism_trace_entry *en = e->count ? r->trace->entries + e->first : NULL;
     uint32_t *ids = malloc((e->count ? e->count : 1) * sizeof *ids);
     double *errors = malloc((e->count ? e->count : 1) * sizeof *errors);
     prism_status st = ids && errors ? PRISM_OK : nomem(err);
@@ -550,16 +550,17 @@ static prism_status run(replay *r, const prism_config *base, bool user_config, l
         } else if (e->kind == REPLAY_CALIBRATION) {
             st = apply_calibration(r, e, err);
         } else if (e->merged) {
-            prism_merged_step m = {e->step, e->rank, e->has_loss, e->loss, t->blocks + e->first, e->count};
+            const prism_block_stats *blocks = e->count ? t->blocks + e->first : NULL;
+            prism_merged_step m = {e->step, e->rank, e->has_loss, e->loss, blocks, e->count};
             st = feed_step(r, &m, e->version_bumped, err);
         } else {
             uint32_t rank = e->rank;
             if (dense)
                 rank = (uint32_t)((const uint32_t *)bsearch(&rank, t->ranks, t->nranks, sizeof *t->ranks,
                                                             compare_u32) - t->ranks);
+            const prism_block_stats *blocks = e->count ? t->blocks + e->first : NULL;
             prism_merge_outcome outcome;
-            st = prism_merger_add(merger, rank, e->step, e->has_loss, e->loss, t->blocks + e->first, e->count, 0,
-                                  &outcome, err);
+            st = prism_merger_add(merger, rank, e->step, e->has_loss, e->loss, blocks, e->count, 0, &outcome, err);
             if (!st)
                 st = drain(r, merger, err);
         }

@@ -370,7 +370,8 @@ static prism_status add_event(replay_trace *t, const prism_trace_record *rec, ui
     case PRISM_TRACE_STEP:
         if (!grow((void **)&t->blocks, &t->cap_blocks, t->nblocks + rec->count, sizeof *t->blocks))
             return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
-        memcpy(t->blocks + t->nblocks, rec->blocks, rec->count * sizeof *rec->blocks);
+        if (rec->count)
+            memcpy(t->blocks + t->nblocks, rec->blocks, rec->count * sizeof *rec->blocks);
         e->kind = REPLAY_STEP;
         e->first = t->nblocks;
         e->count = rec->count;
@@ -387,7 +388,8 @@ static prism_status add_event(replay_trace *t, const prism_trace_record *rec, ui
     case PRISM_TRACE_CALIBRATION:
         if (!grow((void **)&t->entries, &t->cap_entries, t->nentries + rec->count, sizeof *t->entries))
             return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
-        memcpy(t->entries + t->nentries, rec->entries, rec->count * sizeof *rec->entries);
+        if (rec->count)
+            memcpy(t->entries + t->nentries, rec->entries, rec->count * sizeof *rec->entries);
         e->kind = rec->kind == PRISM_TRACE_LAYOUT ? REPLAY_LAYOUT : REPLAY_CALIBRATION;
         e->format = rec->format;
         e->first = t->nentries;
