@@ -7,9 +7,9 @@ byte: the same decisions and the same numbers, because it does the same floating
 operations in the same order (sums in block-id order, the running mean of the merge, C's
 round() and C's shortest-exact number text).
 
-Not covered (prismctl has them; this trace does not need them): config changes during the run,
-non-finite figures' overflow-safe mean is included but untested here, the merger's timeouts and
-its limit on open steps, and every error message.
+Not covered (prismctl has them; the benchmark's trace needs none): config changes during the run,
+binary traces, the merger's timeouts and its limit on open steps, rank numbers other than 0 to
+N-1, and the checks and error messages of a bad trace (the reference trusts its input).
 
 Usage: replay_reference.py TRACE.jsonl --world-size N [--config FILE] [--timestamp T]
 """
