@@ -36,18 +36,128 @@ static prism_status append_str(prism_buf *b, const char *s)
     return prism_buf_append(b, s, strlen(s));
 }
 
+/* Exact powers of ten as doubles (10^22 is the largest that is). */
+static const double pow10_exact[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* Writes what printf's %.Pg writes for a value whose P significant digits (rounded) are d[0..P)
+ * and whose decimal exponent is x10: trailing zeros of the fraction dropped, the exponent form
+ * when x10 < -4 or x10 >= P. */
+static void render_g(char *out, bool negative, const char *d, int p, int x10)
+{
+    int k = p;
+    while (k > 1 && d[k - 1] == '0')
+        k--;
+    char *o = out;
+    if (negative)
+        *o++ = '-';
+    if (x10 < -4 || x10 >= p) {
+        *o++ = d[0];
+        if (k > 1) {
+            *o++ = '.';
+            memcpy(o, d + 1, (size_t)(k - 1));
+            o += k - 1;
+        }
+        sprintf(o, "e%c%02d", x10 < 0 ? '-' : '+', x10 < 0 ? -x10 : x10);
+        return;
+    }
+    if (x10 >= 0) {
+        memcpy(o, d, (size_t)(x10 + 1));
+        o += x10 + 1;
+        if (k > x10 + 1) {
+            *o++ = '.';
+            memcpy(o, d + x10 + 1, (size_t)(k - x10 - 1));
+            o += k - x10 - 1;
+        }
+    } else {
+        *o++ = '0';
+        *o++ = '.';
+        for (int z = 0; z < -x10 - 1; z++)
+            *o++ = '0';
+        memcpy(o, d, (size_t)k);
+        o += k;
+    }
+    *o = '\0';
+}
+
+/* The value the digits d[0..p) x 10^(x10 - p + 1) read back as (what strtod gives for render_g's
+ * text): one exact multiplication or division when the digits fit 53 bits and the power of ten is
+ * exact (so correctly rounded, as strtod), else strtod itself. */
+static double read_back(const char *text, bool negative, const char *d, int p, int x10)
+{
+    uint64_t mant = 0;
+    for (int i = 0; i < p; i++)
+        mant = mant * 10 + (uint64_t)(d[i] - '0');
+    int e = x10 - p + 1;
+    if (mant < (UINT64_C(1) << 53) && e >= -22 && e <= 22) {
+        double v = e >= 0 ? (double)mant * pow10_exact[e] : (double)mant / pow10_exact[-e];
+        return negative ? -v : v;
+    }
+    return strtod(text, NULL);
+}
+
+/* Rounds the 17 digits of d17 (x rounded to 17 significant digits) to p (15 or 16) digits into
+ * out, as rounding x itself would. false when the 17 digits cannot tell (their tail is exactly
+ * half a unit of the last digit kept: x may lie either side). */
+static bool round_digits(const char *d17, int p, char *out, int *x10)
+{
+    int tail = p == 16 ? d17[16] - '0' : (d17[15] - '0') * 10 + (d17[16] - '0');
+    int half = p == 16 ? 5 : 50;
+    if (tail == half)
+        return false;
+    memcpy(out, d17, (size_t)p);
+    if (tail > half) {
+        int i = p - 1;
+        while (i >= 0 && out[i] == '9')
+            out[i--] = '0';
+        if (i < 0) {
+            out[0] = '1'; /* 99..9 rounds up to 10..0: one more power of ten */
+            (*x10)++;
+        } else {
+            out[i]++;
+        }
+    }
+    return true;
+}
+
 prism_status prism_buf_append_double(prism_buf *b, double x)
 {
     if (!isfinite(x))
         return append_str(b, "null");
     char text[40];
-    /* The shortest text that reads back exactly. For a normal double, %.15g already is that
-     * text whenever 15 digits or fewer suffice (%g drops trailing zeros); subnormals carry
-     * fewer digits, so their search starts at one. */
-    for (int digits = fpclassify(x) == FP_SUBNORMAL ? 1 : 15; digits <= 17; digits++) {
-        snprintf(text, sizeof text, "%.*g", digits, x);
-        if (strtod(text, NULL) == x)
-            break;
+    /* The shortest text that reads back exactly: %.15g when 15 digits or fewer suffice (%g drops
+     * trailing zeros), else %.16g, else %.17g. One %.16e rendering gives x's 17 digits; the 15-
+     * and 16-digit texts are derived from them (printf's own when the 17 digits cannot tell how
+     * x rounds) and checked by reading them back. Subnormals carry fewer digits: their search
+     * starts at one, with printf and strtod throughout. */
+    if (fpclassify(x) == FP_SUBNORMAL) {
+        for (int digits = 1; digits <= 17; digits++) {
+            snprintf(text, sizeof text, "%.*g", digits, x);
+            if (strtod(text, NULL) == x)
+                break;
+        }
+    } else {
+        char e17[40], d17[17];
+        snprintf(e17, sizeof e17, "%.16e", x);
+        bool negative = e17[0] == '-';
+        const char *m = e17 + (negative ? 1 : 0); /* d.dddddddddddddddde[+-]XX */
+        d17[0] = m[0];
+        memcpy(d17 + 1, m + 2, 16);
+        int x17 = atoi(m + 19);
+        bool done = false;
+        for (int p = 15; p <= 16 && !done; p++) {
+            char d[17];
+            int x10 = x17;
+            if (round_digits(d17, p, d, &x10)) {
+                render_g(text, negative, d, p, x10);
+                done = read_back(text, negative, d, p, x10) == x;
+            } else {
+                snprintf(text, sizeof text, "%.*g", p, x);
+                done = strtod(text, NULL) == x;
+            }
+        }
+        if (!done)
+            render_g(text, negative, d17, 17, x17);
     }
     /* Keep a number that is integral in value but real in type recognisably real. */
     if (!strpbrk(text, ".eEn"))
