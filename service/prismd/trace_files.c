@@ -364,8 +364,13 @@ void prismd_trace_append(prismd_trace *t, const prismd_memory_limits *m, const p
     /* A new segment: for the first record since prismd started, and for one that would take the
      * segment past its limit (unless the segment holds nothing but its start: a large record then
      * goes alone). */
-    if (!t->has_current || (t->size > t->preamble && t->size + len > limit))
+    if (!t->has_current || (t->size > t->preamble && t->size + len > limit)) {
         start_segment(t, m, policy);
+        /* The start holds the layout, calibration and next config the policy has now: a record
+         * of those it was just given is in it already. */
+        if (kind == PRISMD_TRACE_LAYOUT || kind == PRISMD_TRACE_CALIBRATION || kind == PRISMD_TRACE_CONFIG)
+            return;
+    }
     if (put(t, m, record, len) && kind >= 0 && kind < PRISMD_TRACE_KINDS)
         atomic_fetch_add(&prismd_limits.trace_records[kind], 1);
 }

@@ -34,7 +34,9 @@ bool prismd_trace_enabled(const prismd_memory_limits *m, const char *data_dir);
 /* Appends one framed record (trace_bin.h's writers; kind is PRISMD_TRACE_*) that policy was just
  * given. The first record after prismd started, one that would take the segment past
  * --trace-segment-bytes, and the first after a segment whose write failed, start a new segment
- * (numbered after the highest on disk) with the policy's state as it is now. Each record or
+ * (numbered after the highest on disk) with the policy's state as it is now (a layout,
+ * calibration or config record that starts a segment is then not written again: the segment's
+ * start holds it). Each record or
  * segment start is one write(2) to the local file, nothing else: a failed write is logged once
  * per job and counted, and the job's trace is off until its next segment. */
 void prismd_trace_append(prismd_trace *t, const prismd_memory_limits *m, const prism_policy *policy, int kind,
