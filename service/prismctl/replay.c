@@ -11,6 +11,7 @@
 #include "policy.h"
 #include "telemetry.h"
 #include "trace.h"
+#include "trace_bin.h"
 
 #include <errno.h>
 #include <math.h>
@@ -42,16 +43,29 @@ static const option_spec options[] = {
 
 static void replay_usage(FILE *out)
 {
-    fprintf(out, "usage: prismctl replay [OPTIONS] TRACE.jsonl\n\n"
+    fprintf(out, "usage: prismctl replay [OPTIONS] TRACE\n\n"
                  "Replays gradient statistics through the policy and prints one telemetry JSON line per\n"
-                 "decision on stdout. TRACE may be - for standard input. Trace lines:\n"
+                 "decision on stdout. TRACE may be - for standard input. It is a binary trace (what prismd\n"
+                 "records, `prismctl trace JOB`) or a JSONL one, told apart by content (a JSONL trace's\n"
+                 "first non-blank byte is '{').\n\n"
+                 "A binary trace replays exactly as prismd decided live: its header's config is the policy\n"
+                 "config (unless --config is given: then the trace's configs are ignored, counted on\n"
+                 "stderr), a config record is set for the next decision as a PATCH was, layout and\n"
+                 "calibration records are given to the policy, merged steps go to it as they are (no\n"
+                 "merge, --world-size unused), and a step whose decision prismd followed with a new map\n"
+                 "version for a hybrid plan does so here. A trace whose older segments were dropped, or\n"
+                 "that continues after a restart of prismd, replays with a note: its decisions from there\n"
+                 "may differ from the live ones. Errors name the record and its byte offset.\n\n"
+                 "JSONL trace lines:\n"
                  "  {\"step\": S, \"rank\": R, \"loss\": L, \"blocks\": [{\"id\": I, \"l2\": X, \"max_abs\": X,\n"
                  "    \"mean\": X, \"variance\": X, \"numel\": N, \"nonfinite\": N}]}   rank, loss, mean,\n"
                  "    variance, nonfinite optional\n"
                  "  {\"calibration\": {\"format\": \"int8\", \"errors\": {\"<id>\": E}}}   from that line on\n"
                  "  {\"layout\": {\"blocks\": [{\"id\": I, \"name\": \"...\", \"param_bytes_bf16\": B}]}}\n"
                  "A step completes when every rank reported it; steps still open at the end complete in\n"
-                 "order. A bad line or config prints FILE:LINE: KEY: problem on stderr and exits 2.\n\n"
+                 "order. A bad line or config prints FILE:LINE: KEY: problem on stderr and exits 2.\n"
+                 "Each record carries \"loss\" when its decision step had one (the mean over the ranks that\n"
+                 "sent one), as prismd's telemetry does.\n\n"
                  "Options:\n");
     for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
         char left[40];
@@ -190,27 +204,219 @@ typedef struct replay_state {
     uint64_t steps, decisions;
 } replay_state;
 
-/* Feeds every ready merged step to the policy and prints the decisions. */
+/* Feeds one merged step to the policy and holds back the record of its decision, if any. When
+ * version_bumped, the decision is followed by a new map version of the same precisions, as
+ * prismd's was for a hybrid plan, and the record shows that version. */
+static prism_status feed_step(replay_state *r, const prism_merged_step *m, bool version_bumped, prism_error *err)
+{
+    prism_step_result res;
+    prism_status st = prism_policy_add_step(r->policy, m->step, m->blocks, m->count, &res, err);
+    if (st)
+        return st;
+    r->steps++;
+    if (version_bumped)
+        res.summary.map_version = prism_policy_bump_version(r->policy);
+    if (!res.decided)
+        return PRISM_OK;
+    r->decisions++;
+    r->out.len = 0;
+    double ts = r->opt->fixed_time ? r->opt->timestamp : now_seconds();
+    if ((st = prism_telemetry_append(&r->out, r->policy, &res.summary, ts, m->has_loss ? &m->loss : NULL)))
+        return prism_error_set(err, st, "out of memory");
+    if (fwrite(r->out.data, 1, r->out.len, r->records) != r->out.len)
+        return prism_error_set(err, PRISM_ERR_IO, "temporary file: %s", strerror(errno));
+    return PRISM_OK;
+}
+
+/* Feeds every ready merged step to the policy and holds back the decisions' records. */
 static prism_status drain(replay_state *r, prism_error *err)
 {
     prism_merged_step m;
     while (prism_merger_next(r->merger, 0, &m)) {
-        prism_step_result res;
-        prism_status st = prism_policy_add_step(r->policy, m.step, m.blocks, m.count, &res, err);
+        prism_status st = feed_step(r, &m, false, err);
         if (st)
             return st;
-        r->steps++;
-        if (!res.decided)
-            continue;
-        r->decisions++;
-        r->out.len = 0;
-        double ts = r->opt->fixed_time ? r->opt->timestamp : now_seconds();
-        if ((st = prism_telemetry_append(&r->out, r->policy, &res.summary, ts, NULL)))
-            return prism_error_set(err, st, "out of memory");
-        if (fwrite(r->out.data, 1, r->out.len, r->records) != r->out.len)
-            return prism_error_set(err, PRISM_ERR_IO, "temporary file: %s", strerror(errno));
     }
     return PRISM_OK;
+}
+
+/* Copies the held-back records to stdout. */
+static int print_records(FILE *records)
+{
+    if (fflush(records) != 0 || fseek(records, 0, SEEK_SET) != 0) {
+        fprintf(stderr, "prismctl replay: temporary file: %s\n", strerror(errno));
+        return 1;
+    }
+    char chunk[65536];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof chunk, records)) > 0) {
+        if (fwrite(chunk, 1, got, stdout) != got) {
+            fprintf(stderr, "prismctl replay: stdout: %s\n", strerror(errno));
+            return 1;
+        }
+    }
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "prismctl replay: stdout: %s\n", strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+/* The config as the writers put it in a trace: compact JSON of every key. NULL: out of memory. */
+static char *config_json_text(const prism_config *cfg)
+{
+    json_t *obj = prism_config_to_json(cfg);
+    char *text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    return text;
+}
+
+/* What a binary replay counts besides steps and decisions. */
+typedef struct binary_counts {
+    uint64_t records, headers, configs_ignored, first_segment, last_segment;
+    bool restored;
+} binary_counts;
+
+/* Applies one record of a binary trace (DESIGN 4.6) to the replay: a header's or a config
+ * record's config (unless --config was given), a layout, a calibration, a merged step. The first
+ * header creates the policy when no --config did. */
+static prism_status apply_binary_record(replay_state *r, const prism_trace_record *rec, bool user_config,
+                                        binary_counts *c, prism_error *err)
+{
+    prism_status st = PRISM_OK;
+    if (rec->kind == PRISM_TRACE_HEADER) {
+        if (c->headers++ == 0) {
+            c->first_segment = rec->segment;
+            c->restored = rec->restored;
+        }
+        c->last_segment = rec->segment;
+        c->restored = c->restored || rec->restored;
+    }
+    if (rec->kind == PRISM_TRACE_HEADER || rec->kind == PRISM_TRACE_CONFIG) {
+        if (user_config) {
+            c->configs_ignored++;
+            return PRISM_OK;
+        }
+        prism_config cfg;
+        const char *where = rec->kind == PRISM_TRACE_HEADER ? "header.config_json" : "config_json";
+        if ((st = prism_config_load_buffer(rec->config_json, strlen(rec->config_json), where, &cfg, err)))
+            return st;
+        if (!r->policy) {
+            if (rec->kind == PRISM_TRACE_CONFIG) {
+                prism_config_free(&cfg);
+                return prism_error_set(err, PRISM_ERR_INVALID,
+                                       "a config record before the first header (give --config to replay it)");
+            }
+            r->policy = prism_policy_create(&cfg, err);
+            prism_config_free(&cfg);
+            return r->policy ? PRISM_OK : PRISM_ERR_INVALID;
+        }
+        bool differs = true;
+        if (rec->kind == PRISM_TRACE_HEADER) {
+            /* A later segment's header repeats the config in force: set only a different one. */
+            char *mine = config_json_text(prism_policy_next_config(r->policy));
+            char *theirs = config_json_text(&cfg);
+            if (!mine || !theirs)
+                st = prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+            differs = mine && theirs && strcmp(mine, theirs) != 0;
+            free(mine);
+            free(theirs);
+        }
+        if (!st && differs)
+            st = prism_policy_set_config(r->policy, &cfg, err);
+        prism_config_free(&cfg);
+        return st;
+    }
+    if (rec->kind == PRISM_TRACE_BLANK)
+        return PRISM_OK;
+    if (!r->policy)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "the trace does not start with a header (its config); give --config to replay it");
+    if (rec->kind == PRISM_TRACE_LAYOUT) {
+        for (size_t i = 0; !st && i < rec->count; i++)
+            st = prism_policy_set_block_bytes(r->policy, rec->entries[i].block_id, rec->entries[i].bytes, err);
+        return st;
+    }
+    if (rec->kind == PRISM_TRACE_CALIBRATION) {
+        uint32_t *ids = malloc((rec->count ? rec->count : 1) * sizeof *ids);
+        double *errors = malloc((rec->count ? rec->count : 1) * sizeof *errors);
+        if (!ids || !errors)
+            st = prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; !st && i < rec->count; i++) {
+            ids[i] = rec->entries[i].block_id;
+            errors[i] = rec->entries[i].value;
+        }
+        size_t bad = 0;
+        if (!st)
+            st = prism_policy_set_calibrations(r->policy, rec->format, ids, errors, rec->count, &bad, err);
+        free(ids);
+        free(errors);
+        return st;
+    }
+    prism_merged_step m = {.step = rec->step, .ranks = rec->ranks, .has_loss = rec->has_loss, .loss = rec->loss,
+                           .blocks = rec->blocks, .count = rec->count};
+    return feed_step(r, &m, rec->version_bumped, err);
+}
+
+/* Replays a binary trace (trace_bin.h); cfg is --config's, or NULL. Returns the exit status. */
+static int replay_binary(const replay_options *opt, const prism_config *cfg, const char *name, const char *data,
+                         size_t len)
+{
+    replay_state r = {.opt = opt};
+    binary_counts c = {0};
+    prism_error err = {0};
+    int rc = 0;
+    r.records = tmpfile();
+    if (!r.records) {
+        fprintf(stderr, "prismctl replay: cannot create a temporary file: %s\n", strerror(errno));
+        return 1;
+    }
+    if (cfg && !(r.policy = prism_policy_create(cfg, &err))) {
+        fprintf(stderr, "prismctl replay: %s\n", err.message);
+        rc = 1;
+    }
+    prism_trace_bin_reader rd;
+    prism_trace_bin_reader_init(&rd, data, len);
+    prism_trace_record rec;
+    prism_trace_record_init(&rec);
+    while (rc == 0) {
+        size_t start = rd.pos;
+        prism_status st = prism_trace_bin_next(&rd, &rec, &err);
+        if (!st && rec.kind == PRISM_TRACE_BLANK)
+            break;
+        if (!st && (st = apply_binary_record(&r, &rec, cfg != NULL, &c, &err)))
+            prism_error_prefix(&err, "record %llu (byte %zu)", (unsigned long long)rd.records, start);
+        if (st) {
+            fprintf(stderr, "prismctl replay: %s: %s\n", name, err.message);
+            rc = st == PRISM_ERR_INVALID || st == PRISM_ERR_STATE ? 2 : 1;
+        }
+    }
+    c.records = rd.records;
+    if (rc == 0 && !r.policy) {
+        fprintf(stderr, "prismctl replay: %s: the trace has no records\n", name);
+        rc = 2;
+    }
+    if (rc == 0)
+        rc = print_records(r.records);
+    if (rc == 0) {
+        if (c.configs_ignored)
+            fprintf(stderr, "prismctl replay: --config given: the trace's %llu configs (headers and PATCHes) "
+                            "were ignored\n", (unsigned long long)c.configs_ignored);
+        if (c.headers && (c.first_segment > 1 || c.restored))
+            fprintf(stderr, "prismctl replay: note: the trace %s; decisions from there may differ from the live "
+                            "ones\n", c.first_segment > 1 ? "starts after older segments were dropped"
+                                                          : "continues after prismd restored the job");
+        fprintf(stderr, "prismctl replay: %llu steps, %llu decisions, map_version %llu; binary trace: %llu "
+                        "records, segments %llu to %llu\n", (unsigned long long)r.steps,
+                (unsigned long long)r.decisions, (unsigned long long)prism_policy_map_version(r.policy),
+                (unsigned long long)c.records, (unsigned long long)c.first_segment,
+                (unsigned long long)c.last_segment);
+    }
+    fclose(r.records);
+    prism_buf_free(&r.out);
+    prism_policy_destroy(r.policy);
+    prism_trace_record_free(&rec);
+    return rc;
 }
 
 int prismctl_replay(int argc, char **argv)
@@ -236,6 +442,12 @@ int prismctl_replay(int argc, char **argv)
         return 1;
     }
     const char *name = strcmp(opt.trace_path, "-") == 0 ? "<stdin>" : opt.trace_path;
+    if (prism_trace_is_binary(text, len)) {
+        rc = replay_binary(&opt, opt.config_path ? &cfg : NULL, name, text, len);
+        free(text);
+        prism_config_free(&cfg);
+        return rc;
+    }
     long long world = opt.world_size ? opt.world_size : cfg.world_size;
 
     /* Pass 1: every line must parse, and ranks must fit the world size. */
@@ -319,22 +531,8 @@ int prismctl_replay(int argc, char **argv)
             rc = st == PRISM_ERR_INVALID ? 2 : 1;
         }
     }
-    if (rc == 0 && (fflush(r.records) != 0 || fseek(r.records, 0, SEEK_SET) != 0)) {
-        fprintf(stderr, "prismctl replay: temporary file: %s\n", strerror(errno));
-        rc = 1;
-    }
-    char chunk[65536];
-    size_t got;
-    while (rc == 0 && (got = fread(chunk, 1, sizeof chunk, r.records)) > 0) {
-        if (fwrite(chunk, 1, got, stdout) != got) {
-            fprintf(stderr, "prismctl replay: stdout: %s\n", strerror(errno));
-            rc = 1;
-        }
-    }
-    if (rc == 0 && fflush(stdout) != 0) {
-        fprintf(stderr, "prismctl replay: stdout: %s\n", strerror(errno));
-        rc = 1;
-    }
+    if (rc == 0)
+        rc = print_records(r.records);
     if (rc == 0) {
         const prism_merge_counters *c = prism_merger_counters(r.merger);
         fprintf(stderr,
