@@ -163,7 +163,8 @@ static void list_segments(prismd_trace *t)
             t->next_number = number + 1;
     }
     closedir(d);
-    qsort(t->segs, t->nsegs, sizeof *t->segs, compare_segments);
+    if (t->nsegs > 1)
+        qsort(t->segs, t->nsegs, sizeof *t->segs, compare_segments);
 }
 
 /* Deletes the oldest segments (never the current one) while len more bytes would take the
@@ -439,7 +440,8 @@ prismd_trace_reader *prismd_trace_reader_open(const char *data_dir, const char *
             r->files[r->nfiles++] = (reader_file){number, fd};
     }
     closedir(d);
-    qsort(r->files, r->nfiles, sizeof *r->files, compare_files);
+    if (r->nfiles > 1)
+        qsort(r->files, r->nfiles, sizeof *r->files, compare_files);
     if (r->nfiles > READER_MAX_FILES) { /* more than flags allow for: the newest are sent */
         size_t extra = r->nfiles - READER_MAX_FILES;
         for (size_t i = 0; i < extra; i++)
