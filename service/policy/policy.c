@@ -617,6 +617,20 @@ const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t 
     return &p->blocks[s].view;
 }
 
+size_t prism_policy_input_count(const prism_policy *p)
+{
+    return p->nblocks;
+}
+
+void prism_policy_input(const prism_policy *p, size_t index, uint32_t *block_id, uint64_t *bytes,
+                        double calibration[PRISM_PRECISION_COUNT])
+{
+    const block *b = &p->blocks[index];
+    *block_id = b->view.id;
+    *bytes = b->view.param_bytes_bf16;
+    memcpy(calibration, b->calibration, sizeof b->calibration);
+}
+
 void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out)
 {
     out->steps_collected = p->collected;

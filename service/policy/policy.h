@@ -138,6 +138,15 @@ const prism_block_view *prism_policy_block(const prism_policy *p, size_t index);
 /* One block by id, or NULL when it was never reported. */
 const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t block_id);
 
+/* Every block the policy holds an input for, reported or not (a layout's BF16 size or a
+ * calibration error may come before the block's first step), in the order the policy first met
+ * each: prismd writes them at the start of each trace segment (trace_bin.h) so that a segment
+ * replays on its own. index < prism_policy_input_count; bytes 0: not given; calibration NaN:
+ * not known for that format. */
+size_t prism_policy_input_count(const prism_policy *p);
+void prism_policy_input(const prism_policy *p, size_t index, uint32_t *block_id, uint64_t *bytes,
+                        double calibration[PRISM_PRECISION_COUNT]);
+
 /* ---- saving and restoring a job (prismd's store) ----
  * What a policy must keep across a restart: its progress, and per block the view, whether the
  * score has placed it yet, its calibration errors and its window (oldest value first). */

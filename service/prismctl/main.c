@@ -19,6 +19,7 @@ static const command commands[] = {
     {"overrides", prismctl_rest, "set a job's force_bf16_blocks and force_int8_blocks (REST)"},
     {"delete", prismctl_rest, "delete a job with its state and files (REST, the admin token)"},
     {"plan", prismctl_plan, "plan per-device-class block precisions of a hybrid job (QSync model, offline)"},
+    {"trace", prismctl_trace, "download a job's binary trace (REST) for replay"},
     {"replay", prismctl_replay, "run the policy over a recorded trace and print its telemetry JSONL"},
 };
 

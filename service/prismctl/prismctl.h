@@ -10,4 +10,7 @@ int prismctl_plan(int argc, char **argv);
 /* jobs, blocks, config, overrides: REST commands against a prismd (argv[0] is the command). */
 int prismctl_rest(int argc, char **argv);
 
+/* trace: download a job's binary trace (GET /v1/jobs/JOB/trace) to a file or stdout. */
+int prismctl_trace(int argc, char **argv);
+
 #endif

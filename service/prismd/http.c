@@ -833,6 +833,8 @@ void prismd_http_print_help(FILE *out)
         {"PUT /v1/jobs/JOB/overrides", "{\"force_bf16_blocks\": [...], \"force_int8_blocks\": [...]} (next decision)"},
         {"GET /v1/jobs/JOB/telemetry", "telemetry records, ?since_step=S&limit=N (default 100, at most 1000)"},
         {"GET /v1/jobs/JOB/events", "server-sent events: one \"map\" event per new map version"},
+        {"GET /v1/jobs/JOB/trace", "the job's binary trace (application/x-prism-trace; `prismctl trace JOB`): "
+                                   "its merged steps, layout, calibration and config changes, for `prismctl replay`"},
         {"GET /v1/jobs/JOB/hints", "the runtime hints last sent to the job's agents (null before any)"},
         {"GET /v1/jobs/JOB/ranks", "per rank: connected, node and device (last Hello), last step, last Ack, trainer "
                                    "counters (last Heartbeat), lagging, acked_current_map"},

@@ -12,6 +12,8 @@
 #include "policy.h"
 #include "telemetry.h"
 #include "telemetry_files.h"
+#include "trace_bin.h"
+#include "trace_files.h"
 #include "prism/v1/prism.pb-c.h"
 #include "wire_check.h"
 
@@ -71,6 +73,7 @@ struct prismd_job {
     FILE *telemetry;        /* the job's telemetry JSONL, opened at its first record */
     char telemetry_name[256]; /* the telemetry_file it was opened as */
     uint64_t telemetry_size;  /* bytes in it, for --telemetry-max-bytes */
+    prismd_trace *trace;    /* the job's binary trace (DESIGN 4.6); NULL: none kept */
     char *creator;          /* the address that auto-created the job, or NULL (restored, provisioned) */
     uint64_t switches[PRISMD_REASONS];
     bool has_summary;
@@ -93,6 +96,7 @@ struct prismd_jobs {
     prismd_store *store;
     prismd_snapshots *snapshots;
     prism_buf line;         /* scratch for telemetry records */
+    prism_buf record;       /* scratch for trace records */
     bool dirty, urgent;     /* something REST shows changed since the last publish */
     int64_t last_publish_ms;
     uint64_t decision_buckets[PRISMD_DECISION_BUCKETS];
@@ -173,6 +177,8 @@ static bool restore_job(void *ctx, prismd_saved_job *saved)
     job->has_summary = saved->has_summary;
     job->summary = saved->summary;
     job->decided_unix = saved->has_summary ? saved->decided_unix : NAN;
+    if (job->trace)
+        prismd_trace_mark_restored(job->trace);
     prism_error perr;
     if (saved->has_plan_row &&
         !prismd_plans_restore(job->plans, &saved->plan, prism_policy_config(job->policy)->hybrid, &perr))
@@ -241,6 +247,7 @@ static void job_free(prismd_job *job)
     prism_idmap_free(&job->block_ix);
     if (job->telemetry)
         fclose(job->telemetry);
+    prismd_trace_destroy(job->trace);
     prism_policy_destroy(job->policy);
     prism_merger_destroy(job->merger);
     prismd_plans_destroy(job->plans);
@@ -264,6 +271,7 @@ void prismd_jobs_destroy(prismd_jobs *j)
     prismd_tokens_free(j->tokens);
     prism_config_free(&j->defaults);
     prism_buf_free(&j->line);
+    prism_buf_free(&j->record);
     free(j);
 }
 
@@ -419,6 +427,9 @@ static prismd_job *job_new(prismd_jobs *j, const char *id, uint32_t world_size, 
     job->merger = prism_merger_create(world_size, prism_policy_config(policy)->step_timeout_ms, &err);
     job->plans = prismd_plans_create(j->limits.hybrid_max_pairs, j->limits.hybrid_max_classes);
     job->token = token && token[0] ? strdup(token) : NULL;
+    if (prismd_trace_enabled(j->limits.mem, j->limits.data_dir) &&
+        !(job->trace = prismd_trace_create(j->limits.data_dir, id)))
+        prism_log(PRISM_LOG_ERROR, "out of memory: the job's trace is not kept", "job", id, LOG_END);
     if (!job->merger || !job->plans || (token && token[0] && !job->token) ||
         prism_merger_set_limits(job->merger, PRISM_MERGE_MAX_OPEN_STEPS, j->limits.max_blocks, &err)) {
         job_free(job);
@@ -453,6 +464,94 @@ static prismd_job *create_job(prismd_jobs *j, const char *id, uint32_t world_siz
     if (job)
         prism_log(PRISM_LOG_INFO, "job created", "job", id, "token", job->token ? "set" : "none", LOG_END);
     return job;
+}
+
+/* ---- the job's binary trace (DESIGN 4.6, trace_files.h) ----
+ * Each input the job's policy was given goes to its trace right after the policy took it, in
+ * the same order, so that `prismctl replay` of the trace decides as the policy did. */
+
+/* Appends the record built in j->record (built: the writer's status). */
+static void trace_put(prismd_jobs *j, prismd_job *job, int kind, prism_status built)
+{
+    if (built)
+        prismd_trace_lost(job->trace, "a record (out of memory)");
+    else
+        prismd_trace_append(job->trace, j->limits.mem, job->policy, kind, j->record.data, j->record.len);
+}
+
+/* The first n blocks of a Hello's layout, given to the policy's block sizes. */
+static void trace_layout(prismd_jobs *j, prismd_job *job, const Prism__V1__ModelLayout *l, size_t n)
+{
+    if (!job->trace || n == 0)
+        return;
+    uint32_t *ids = malloc(n * sizeof *ids);
+    uint64_t *bytes = malloc(n * sizeof *bytes);
+    prism_error err;
+    prism_status built = PRISM_ERR_NOMEM;
+    if (ids && bytes) {
+        for (size_t i = 0; i < n; i++) {
+            ids[i] = l->blocks[i]->id;
+            bytes[i] = l->blocks[i]->param_bytes_bf16;
+        }
+        j->record.len = 0;
+        built = prism_trace_bin_layout(&j->record, ids, bytes, n, &err);
+    }
+    trace_put(j, job, PRISMD_TRACE_LAYOUT, built);
+    free(ids);
+    free(bytes);
+}
+
+static void trace_calibration(prismd_jobs *j, prismd_job *job, prism_precision format, const uint32_t *ids,
+                              const double *errors, size_t n)
+{
+    if (!job->trace || n == 0)
+        return;
+    prism_error err;
+    j->record.len = 0;
+    trace_put(j, job, PRISMD_TRACE_CALIBRATION, prism_trace_bin_calibration(&j->record, format, ids, errors, n, &err));
+}
+
+/* The cached errors a Hello's fingerprint gave the policy (cal_collect), a record per format. */
+static void trace_cached_calibration(prismd_jobs *j, prismd_job *job, const Prism__V1__BlockError *cached,
+                                     const prism_precision *formats, size_t n)
+{
+    if (!job->trace || n == 0)
+        return;
+    uint32_t *ids = malloc(n * sizeof *ids);
+    double *errors = malloc(n * sizeof *errors);
+    if (!ids || !errors) {
+        prismd_trace_lost(job->trace, "a record (out of memory)");
+    } else {
+        for (int f = 0; f < PRISM_PRECISION_COUNT; f++) {
+            size_t k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (formats[i] == (prism_precision)f) {
+                    ids[k] = cached[i].block_id;
+                    errors[k++] = cached[i].relative_error;
+                }
+            trace_calibration(j, job, (prism_precision)f, ids, errors, k);
+        }
+    }
+    free(ids);
+    free(errors);
+}
+
+static void trace_config(prismd_jobs *j, prismd_job *job, const prism_config *cfg)
+{
+    if (!job->trace)
+        return;
+    prism_error err;
+    j->record.len = 0;
+    trace_put(j, job, PRISMD_TRACE_CONFIG, prism_trace_bin_config(&j->record, cfg, &err));
+}
+
+static void trace_step(prismd_jobs *j, prismd_job *job, const prism_merged_step *m, bool version_bumped)
+{
+    if (!job->trace)
+        return;
+    prism_error err;
+    j->record.len = 0;
+    trace_put(j, job, PRISMD_TRACE_STEP, prism_trace_bin_step(&j->record, m, version_bumped, &err));
 }
 
 /* ---- messages out ---- */
@@ -944,15 +1043,22 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         prism_error err;
         for (size_t i = 0; i < h->layout->n_blocks; i++) {
             const Prism__V1__BlockInfo *b = h->layout->blocks[i];
-            if (!remember_layout_block(job, b->id, b->name, j->limits.max_blocks) || !job_add_block(job, b->id))
+            if (!remember_layout_block(job, b->id, b->name, j->limits.max_blocks) || !job_add_block(job, b->id)) {
+                trace_layout(j, job, h->layout, i); /* the sizes the policy was given before the refusal */
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: block %u: the job already has %zu "
                             "layout blocks, the limit", b->id, j->limits.max_blocks);
-            if (prism_policy_set_block_bytes(job->policy, b->id, b->param_bytes_bf16, &err))
+            }
+            if (prism_policy_set_block_bytes(job->policy, b->id, b->param_bytes_bf16, &err)) {
+                trace_layout(j, job, h->layout, i);
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "hello.layout: %s", err.message);
+            }
             if (!prismd_plans_layout(job->plans, b->id, (double)b->param_bytes_bf16, (double)b->flops,
-                                     (double)b->activation_bytes_bf16, (double)b->state_bytes))
+                                     (double)b->activation_bytes_bf16, (double)b->state_bytes)) {
+                trace_layout(j, job, h->layout, i + 1);
                 return fail(end, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            }
         }
+        trace_layout(j, job, h->layout, h->layout->n_blocks);
     }
     /* A Welcome carries the map in memory with the last durable plan: both must be the saved
      * pair (DESIGN 7). A map a failed save left unsaved is saved (and sent) first; when the store
@@ -967,6 +1073,7 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         if (j->store && prismd_store_load_calibration(j->store, job->fingerprint, job->fingerprint_len, cal_collect,
                                                       &cached, &err) > 0)
             job->calibrated = true;
+        trace_cached_calibration(j, job, cached.errors, cached.formats, cached.n);
     }
     if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents) ||
         !rank_hello(job, h)) {
@@ -1210,8 +1317,11 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
             job->effective_step = r.effective_step;
             j->urgent = true;
         }
+        bool map_changed = r.map_changed;
         if (r.decided)
             plan_at_decision(job, &m, &r);
+        /* after the plan: whether it alone committed a new map version (replay does the same) */
+        trace_step(j, job, &m, r.map_changed && !map_changed);
         if (!r.decided && !r.map_changed)
             continue;
         if (!save_and_send(j, job, r.changes, r.change_count, r.map_changed, false, now_ms))
@@ -1415,6 +1525,7 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
         free(errors);
         return;
     }
+    trace_calibration(j, job, (prism_precision)c->format, ids, errors, c->n_errors);
     j->counters.calibrations_accepted++;
     job->calibrated = true;
     /* Cached under the job's own fingerprint (the report's, when it names one, is the same). */
@@ -1999,6 +2110,7 @@ static unsigned run_command(prismd_jobs *j, const prismd_command *c, char **answ
         *answer = error_answer("invalid_argument", "%s", err.message);
         return 400;
     }
+    trace_config(j, job, &cfg);
     prism_log(PRISM_LOG_INFO, c->kind == PRISMD_COMMAND_PATCH_CONFIG ? "config changed" : "overrides changed", "job",
                job->id, "applies", "at the next decision", LOG_END);
     *answer = render(json_pack("{s:s, s:s, s:o}", "job_id", job->id, "applies", "at the next decision", "config",

@@ -259,6 +259,16 @@ static prism_status set_telemetry_keep(prismd_options *opts, const char *value, 
     return set_size(&opts->mem.telemetry_keep, value, 0, 100, err);
 }
 
+static prism_status set_trace_max_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.trace_max_bytes, value, 0, 1ull << 40, err);
+}
+
+static prism_status set_trace_segment_bytes(prismd_options *opts, const char *value, prism_error *err)
+{
+    return set_size(&opts->mem.trace_segment_bytes, value, 4096, 1ull << 40, err);
+}
+
 static prism_status set_telemetry_answer_bytes(prismd_options *opts, const char *value, prism_error *err)
 {
     return set_size(&opts->mem.telemetry_answer_bytes, value, 1024, 1ull << 40, err);
@@ -525,6 +535,14 @@ static const prismd_option prismd_option_table[] = {
      "disk per job is at most (--telemetry-keep + 1) x N, a record larger than N alone in its file"},
     {"telemetry-keep", 0, "N", "3", set_telemetry_keep,
      "rotated telemetry files kept per job (0 to 100), the oldest deleted; GET .../telemetry reads them all"},
+    {"trace-max-bytes", 0, "N", "268435456", set_trace_max_bytes,
+     "disk a job's binary trace (DATA_DIR/jobs/JOB/trace/NNNNNN.ptrace: its merged steps, layout, calibration "
+     "and config changes, for `prismctl replay`) may take, all its segments together (0: no traces); past it "
+     "the oldest segments are deleted (prism_trace_segments_dropped_total)"},
+    {"trace-segment-bytes", 0, "N", "16777216", set_trace_segment_bytes,
+     "a job's trace starts a new segment when the next record would take the current one past N bytes "
+     "(at least 4096; a record larger than N gets a segment of its own); each segment begins with the "
+     "layout, calibration and config in force, so it replays on its own"},
     {"telemetry-answer-bytes", 0, "N", "16777216", set_telemetry_answer_bytes,
      "record bytes one GET .../telemetry returns at most (it always holds one whole record); a cut answer "
      "ends with \"truncated\":true and \"next_since_step\""},

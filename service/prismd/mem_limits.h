@@ -18,7 +18,13 @@ typedef struct prismd_memory_limits {
     size_t max_auto_jobs_per_peer;    /* jobs a client address may auto-create (0: no limit) */
     size_t telemetry_max_bytes;       /* a job's telemetry file is rotated past this (0: never) */
     size_t telemetry_keep;            /* rotated telemetry files kept per job */
+    size_t trace_max_bytes;           /* a job's binary trace segments together at most (0: no traces) */
+    size_t trace_segment_bytes;       /* a new trace segment starts past this */
 } prismd_memory_limits;
+
+/* The record kinds of a binary trace, as prism_trace_records_total counts them. */
+enum { PRISMD_TRACE_HEADER, PRISMD_TRACE_LAYOUT, PRISMD_TRACE_CALIBRATION, PRISMD_TRACE_CONFIG, PRISMD_TRACE_STEP,
+       PRISMD_TRACE_KINDS };
 
 /* Counted whenever a limit above was reached; /metrics shows them. */
 typedef struct prismd_limit_counters {
@@ -33,6 +39,10 @@ typedef struct prismd_limit_counters {
     atomic_ullong auto_jobs_refused;           /* Hellos refused past max_auto_jobs_per_peer */
     atomic_ullong telemetry_rotations;         /* telemetry files rotated */
     atomic_ullong telemetry_files_dropped;     /* rotated telemetry files deleted (the oldest) */
+    atomic_ullong trace_bytes_written;         /* binary trace bytes written, all jobs */
+    atomic_ullong trace_records[PRISMD_TRACE_KINDS]; /* trace records written, by kind */
+    atomic_ullong trace_segments_dropped;      /* oldest trace segments deleted past trace_max_bytes */
+    atomic_ullong trace_write_errors;          /* failed trace writes (the job's trace is off until its next segment) */
 } prismd_limit_counters;
 
 extern prismd_limit_counters prismd_limits;

@@ -8,6 +8,7 @@
 #include "jobs.h"
 #include "telemetry.h"
 #include "telemetry_files.h"
+#include "trace_files.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -638,6 +639,40 @@ static void get_telemetry(prismd_rest *r, const prismd_snap_job *j, prismd_query
     a->stream_cls = reader;
 }
 
+/* A streamed trace answer: the reader and its slot among --max-streamed-answers. */
+static ssize_t trace_read(void *cls, char *buf, size_t max)
+{
+    return prismd_trace_reader_read(cls, buf, max);
+}
+
+static void trace_done(void *cls)
+{
+    prismd_trace_reader_close(cls);
+    prismd_streamed_answer_release();
+}
+
+/* The job's binary trace (DESIGN 4.6): every segment, oldest first, each cut at its last whole
+ * record, streamed a chunk at a time (trace_files.h). A job with no trace yet: 200, empty. */
+static void get_trace(prismd_rest *r, const prismd_snap_job *j, prismd_answer *a)
+{
+    if (!prismd_streamed_answer_acquire(r->mem)) {
+        answer_error(a, 503, "unavailable", "%zu large answers are being sent, the limit "
+                     "(--max-streamed-answers); try again", r->mem->max_streamed_answers);
+        return;
+    }
+    prismd_trace_reader *reader = prismd_trace_reader_open(r->data_dir, j->id);
+    if (!reader) {
+        prismd_streamed_answer_release();
+        answer_error(a, 500, "internal", "out of memory");
+        return;
+    }
+    a->status = 200;
+    a->content_type = "application/x-prism-trace";
+    a->read = trace_read;
+    a->done = trace_done;
+    a->stream_cls = reader;
+}
+
 /* ---- /metrics ---- */
 
 typedef struct text {
@@ -707,6 +742,22 @@ static void limits_metrics(text *t)
            "GET .../telemetry answers cut at --telemetry-answer-bytes.");
     add(t, "prism_telemetry_answers_truncated_total %llu\n",
         (unsigned long long)atomic_load(&c->telemetry_answers_truncated));
+    family(t, "prism_trace_bytes_written_total", "counter",
+           "Bytes written to the jobs' binary traces (DATA_DIR/jobs/JOB/trace/, GET /v1/jobs/{job}/trace).");
+    add(t, "prism_trace_bytes_written_total %llu\n", (unsigned long long)atomic_load(&c->trace_bytes_written));
+    family(t, "prism_trace_records_total", "counter",
+           "Records written to the jobs' binary traces, by kind (each segment starts with a header and the layout, "
+           "calibration and config in force).");
+    static const char *const kinds[PRISMD_TRACE_KINDS] = {"header", "layout", "calibration", "config", "step"};
+    for (int k = 0; k < PRISMD_TRACE_KINDS; k++)
+        add(t, "prism_trace_records_total{kind=\"%s\"} %llu\n", kinds[k],
+            (unsigned long long)atomic_load(&c->trace_records[k]));
+    family(t, "prism_trace_segments_dropped_total", "counter",
+           "Oldest trace segments deleted to keep a job's trace under --trace-max-bytes.");
+    add(t, "prism_trace_segments_dropped_total %llu\n", (unsigned long long)atomic_load(&c->trace_segments_dropped));
+    family(t, "prism_trace_write_errors_total", "counter",
+           "Trace writes that failed (logged once per job); the job's trace is off until its next segment.");
+    add(t, "prism_trace_write_errors_total %llu\n", (unsigned long long)atomic_load(&c->trace_write_errors));
     family(t, "prism_streamed_answers", "gauge", "HTTP answers being streamed now.");
     add(t, "prism_streamed_answers %llu\n", (unsigned long long)atomic_load(&c->streamed_answers_active));
     family(t, "prism_streamed_answers_refused_total", "counter",
@@ -1102,7 +1153,7 @@ const char *prismd_rest_allowed(const char *path)
         return "GET, HEAD";
     if (strcmp(rest, "/config") == 0)
         return "GET, HEAD, PATCH";
-    if (strcmp(rest, "/telemetry") == 0)
+    if (strcmp(rest, "/telemetry") == 0 || strcmp(rest, "/trace") == 0)
         return "GET, HEAD";
     if (strcmp(rest, "/events") == 0)
         return "GET";
@@ -1346,6 +1397,8 @@ bool prismd_rest_get(prismd_rest *r, const char *path, const char *auth, prismd_
             answer_json(a, 200, prism_config_to_json(&j->config));
         else if (strcmp(rest, "/telemetry") == 0)
             get_telemetry(r, j, query, query_ctx, a);
+        else if (strcmp(rest, "/trace") == 0)
+            get_trace(r, j, a);
         else if (strcmp(rest, "/ranks") == 0)
             get_ranks(r, snap, j, a);
         else if (strcmp(rest, "/plan") == 0)

@@ -815,6 +815,11 @@ static void test_field_numbers_match_the_published_contract(void)
         {&prism__v1__block_map__descriptor,
          "job_id=1 map_version=2 decided_step=3 effective_step=4 blocks=5"},
         {&prism__v1__watch_request__descriptor, "job_id=1 after_version=2"},
+        /* the binary trace (DESIGN 4.6): files users keep, read by later prismctl versions */
+        {&prism__v1__trace_header__descriptor,
+         "trace_version=1 job_id=2 segment=3 unix_time_ms=4 config_json=5 restored=6"},
+        {&prism__v1__trace_step__descriptor, "merged=1 ranks=2 map_version_bumped=3"},
+        {&prism__v1__trace_record__descriptor, "header=1 layout=2 calibration=3 config_json=4 step=5"},
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         const char *p = rows[r].fields;
