@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -962,12 +963,33 @@ static int64_t monotonic_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Each job holds two files open (its telemetry JSONL and its trace segment) besides the streams'
+ * sockets, so a thousand jobs pass the usual soft limit of 1024 descriptors. The soft limit is
+ * raised to the hard one (what an unprivileged process may do); a failure is only logged. */
+static void raise_open_file_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    char from[24], to[24];
+    snprintf(from, sizeof from, "%llu", (unsigned long long)was);
+    snprintf(to, sizeof to, "%llu", (unsigned long long)rl.rlim_max);
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        prism_log(PRISM_LOG_WARN, "cannot raise the open-file limit", "soft", from, "hard", to, "error",
+                  strerror(errno), LOG_END);
+    else
+        prism_log(PRISM_LOG_DEBUG, "open-file limit raised", "from", from, "to", to, LOG_END);
+}
+
 /* Runs the server until SIGTERM or SIGINT; returns the exit status. tokens: the provisioned job
  * tokens (already holding the first load), or NULL when none are configured. */
 static int prismd_serve(const prismd_options *opts, const prism_config *defaults, char *defaults_json,
                         prismd_token_box *tokens)
 {
     prismd_server srv = {.data_dir = opts->data_dir, .lock_fd = -1, .defaults_json = defaults_json};
+    raise_open_file_limit();
     pthread_mutex_init(&srv.http_error_lock, NULL);
     snprintf(srv.lock_path, sizeof srv.lock_path, "%s/%s", opts->data_dir, PRISMD_LOCK_NAME);
     prism_error err = {0};

@@ -9,6 +9,7 @@ Every wait is bounded; nothing waits on a clock."""
 
 import json
 import os
+import resource
 import pty
 import shutil
 import subprocess
@@ -433,6 +434,21 @@ class TraceRecordTest(unittest.TestCase):
         self.assertFalse(os.path.exists(self.trace_dir("job-0")))
         self.assertEqual(get_trace(prismd, "job-0"), (200, "application/x-prism-trace", b""))
         self.assertEqual(trace_counters(prismd)["prism_trace_bytes_written_total"], 0)
+
+    def test_prismd_raises_its_open_file_soft_limit_to_the_hard_one(self):
+        # Every job holds its telemetry file and its trace segment open: prismd takes the hard
+        # limit at start so that a thousand jobs do not run out of descriptors.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        low = min(256, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        try:
+            prismd = self.start()
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with open("/proc/%d/limits" % prismd.proc.pid) as f:
+            row = [line.split() for line in f if line.startswith("Max open files")][0]
+        hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+        self.assertEqual(row[3:5], [hard_text, hard_text])
 
     def test_deleting_a_job_deletes_its_trace(self):
         token_file = os.path.join(self.scratch(), "admin-token")
