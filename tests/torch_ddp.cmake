@@ -13,3 +13,14 @@ if(PRISM_PYTHON_TESTS)
       REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:coll_allreduce_files>" TIMEOUT 600)
   endforeach()
 endif()
+# wire="map" with maps that differ between ranks (a rank a step late): the ranks agree on each
+# bucket's formats, a parameter whose format differs goes unquantized, no hang, no exception
+# (tests/python/test_torch_ddp_maps.py).
+if(PRISM_PYTHON_TESTS)
+  foreach(np 2 4)
+    add_test(NAME test_torch_ddp_maps_${np}
+      COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_torch_ddp_maps.py --ranks ${np})
+    set_tests_properties(test_torch_ddp_maps_${np} PROPERTIES ENVIRONMENT "${PRISM_PY_TEST_ENV}"
+      REQUIRED_FILES "$<TARGET_FILE:prism>" TIMEOUT 600)
+  endforeach()
+endif()

@@ -39,7 +39,13 @@ or "map": each parameter goes in the precision its block has in `attachment`'s c
 parameters of each low format form one Prism all-reduce (in bucket order, formats in the order
 int8, fp8_e4m3, fp8_e5m2, int4); the parameters of BF16 blocks, and those in no block, are
 all-reduced unquantized by the group's all_reduce in the bucket's dtype (then divided by P for
-"avg"). Every rank must have the same map at a given step (Prism's maps are).
+"avg"). Maps reach the ranks through their own agents, so a rank may take a map a step after
+another: each map-mode bucket therefore starts with one all-gather of every rank's
+per-parameter format codes (a byte each; not counted in wire_bytes, like the header), and every
+rank applies the same rule to it: a parameter whose format is the same on every rank goes in
+that format, one whose format differs goes unquantized for this bucket (counted in
+`state.map_disagreements`). The ranks always call the same collectives with the same sizes:
+never an exception, never a wait until the group's timeout because of the map.
 
 Bytes (per rank, headers not counted, as in prism_coll_stats): a Prism all-reduce sends
 2 (P-1) rows_per_rank (code bytes of a row + 4) (layout_of(...).wire_bytes): the all-to-all and
@@ -73,6 +79,9 @@ _MAGIC = 0x5052534D434F4C00 | 1  # "PRSMCOL\0" | all-reduce
 _WIRE_CODE = {"int8": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "int4": 4}
 _OP_CODE = {"sum": 0, "avg": 1}
 _HEADER_WORDS = 10
+# Map mode's per-parameter format codes (one byte each in the agreement all-gather).
+_FORMAT_CODE = {"bf16": 0, "int8": 1, "fp8_e4m3": 2, "fp8_e5m2": 3, "int4": 4}
+_FORMAT_NAME = {v: k for k, v in _FORMAT_CODE.items()}
 
 Layout = collections.namedtuple("Layout", ["rows", "padded_rows", "rows_per_rank", "row_bytes", "wire_bytes",
                                            "row_width"])
@@ -314,7 +323,11 @@ class QuantizedAllReduceState:
     Counters (this rank, all calls): wire_bytes, bf16_bytes, calls (buckets), collectives
     (Prism all-reduces run), plain_allreduces (unquantized parts in map mode), nonfinite (NaN/Inf
     gradients of the whole job, sent as 0), elements_low / elements_high (gradient elements sent
-    quantized / unquantized)."""
+    quantized / unquantized); in map mode also map_disagreements (parameters, summed over
+    buckets, whose format differed between ranks and so went unquantized: the same figure on
+    every rank), map_exchanges and map_exchange_bytes (the agreement all-gathers and the bytes
+    this rank sent in them, not in wire_bytes, as headers are not), map_errors (this rank's
+    buckets whose map could not be read: sent unquantized from its side)."""
 
     def __init__(self, process_group=None, wire="fp8_e4m3", attachment=None, row_width=None, op="avg"):
         self.wire = _check_wire(wire, allow_map=True)
@@ -335,21 +348,58 @@ class QuantizedAllReduceState:
         self.nonfinite = 0
         self.elements_low = 0
         self.elements_high = 0
+        self.map_disagreements = 0
+        self.map_exchanges = 0
+        self.map_exchange_bytes = 0
+        self.map_errors = 0
         self._block_of = None  # id(parameter) -> block index, built at the first call in map mode
 
     def _formats(self, params):
-        """Each parameter's wire format in the current map ("bf16": unquantized)."""
+        """Each parameter's wire format in this rank's current map ("bf16": unquantized). A map
+        that cannot be read (precisions() raising) counts in map_errors and sends the bucket
+        unquantized from this rank's side: the agreement below then keeps the ranks together."""
         if self.wire != "map":
             return [self.wire] * len(params)
-        if self._block_of is None:
-            self._block_of = {id(p): b for b, blk in enumerate(self.attachment.blocks) for p in blk.parameters()}
-        precisions = list(self.attachment.precisions())
+        try:
+            if self._block_of is None:
+                self._block_of = {id(p): b for b, blk in enumerate(self.attachment.blocks)
+                                  for p in blk.parameters()}
+            precisions = list(self.attachment.precisions())
+        except Exception:  # noqa: BLE001 -- training never dies because of Prism's map
+            self.map_errors += 1
+            return ["bf16"] * len(params)
         out = []
         for p in params:
             b = self._block_of.get(id(p))
             fmt = precisions[b] if b is not None and b < len(precisions) else "bf16"
             out.append(fmt if fmt in WIRES else "bf16")
         return out
+
+    def _agree(self, formats, group, world, device):
+        """The formats every rank uses for this bucket, the same list on every rank: one
+        all-gather of each rank's per-parameter format codes (a byte each), then a parameter
+        keeps its format where every rank gave the same one and goes unquantized ("bf16") where
+        they differ (counted in map_disagreements). Maps reach ranks through their own agents and
+        a rank may take a map a step later than another; without this the ranks would call
+        different collectives (one a Prism all-reduce, another the plain all_reduce) and wait
+        for each other until the group's timeout. DDP's buckets hold the same parameters on
+        every rank (it checks at construction), so the tensors gathered have the same size."""
+        if world == 1 or not formats:
+            return formats
+        mine = torch.tensor([_FORMAT_CODE[f] for f in formats], dtype=torch.uint8, device=device)
+        out = torch.empty(world, len(formats), dtype=torch.uint8, device=device)
+        dist.all_gather(list(out.unbind(0)), mine, group=group)
+        self.map_exchanges += 1
+        self.map_exchange_bytes += (world - 1) * len(formats)
+        codes = out.cpu().tolist()
+        agreed = []
+        for i in range(len(formats)):
+            if all(row[i] == codes[0][i] for row in codes):
+                agreed.append(_FORMAT_NAME[codes[0][i]])
+            else:
+                agreed.append("bf16")
+                self.map_disagreements += 1
+        return agreed
 
     def allreduce_bucket(self, buffer, params):
         """All-reduces one bucket in place: `buffer` the flat gradients of `params`, one after the
@@ -365,6 +415,8 @@ class QuantizedAllReduceState:
         if offset != flat.numel():
             raise ValueError(f"bucket: its parameters have {offset} elements, its buffer {flat.numel()}")
         formats = self._formats(params)
+        if self.wire == "map":
+            formats = self._agree(formats, group, world, buffer.device)
         for fmt in WIRES:
             part = [v for v, f in zip(views, formats) if f == fmt]
             if not part:
