@@ -62,9 +62,13 @@ static void replay_usage(FILE *out)
             "stderr), a config record is set for the next decision as a PATCH was, layout and\n"
             "calibration records are given to the policy, merged steps go to it as they are (no\n"
             "merge, --world-size unused), and a step whose decision prismd followed with a new map\n"
-            "version for a hybrid plan does so here. A trace whose older segments were dropped, or\n"
-            "that continues after a restart of prismd, replays with a note: its decisions from there\n"
-            "may differ from the live ones. Errors name the record and its byte offset.\n\n"
+            "version for a hybrid plan does so here when the replayed policy decides at that step too\n"
+            "(prismd bumps only at a decision; under another update_interval_steps, say, a bump at a\n"
+            "step that is no longer a decision is not applied). A trace whose older segments were\n"
+            "dropped, or that continues after a restart of prismd, replays with a note: its decisions\n"
+            "from there may differ from the live ones. Errors name the record and its byte offset.\n"
+            "A file that is text but not JSONL (its first non-blank byte not '{') gets the JSONL\n"
+            "reader's message for its first line.\n\n"
             "JSONL trace lines:\n"
             "  {\"step\": S, \"rank\": R, \"loss\": L, \"blocks\": [{\"id\": I, \"l2\": X, \"max_abs\": X,\n"
             "    \"mean\": X, \"variance\": X, \"numel\": N, \"nonfinite\": N}]}   rank, loss, mean,\n"
@@ -344,24 +348,25 @@ static prism_status count_switches(runner *u, const prism_step_result *res, pris
     return PRISM_OK;
 }
 
-/* Feeds one merged step to every runner (and --record). When version_bumped, each decision is
- * followed by a new map version of the same precisions, as prismd's was for a hybrid plan, and
- * the record shows that version. */
+/* Feeds one merged step to every runner (and --record). When version_bumped and the runner's
+ * policy decided at this step, the decision is followed by a new map version of the same
+ * precisions, as prismd's was for a hybrid plan (prismd bumps only at a decision), and the
+ * record shows that version; a runner that made no decision at the step (another
+ * update_interval_steps, say) bumps nothing. --record writes the bump as this replay made it. */
 static prism_status feed_step(replay *r, const prism_merged_step *m, bool version_bumped, prism_error *err)
 {
     prism_status st;
-    if (r->rec_file) {
-        if ((st = prism_trace_bin_step(&r->rec, m, version_bumped, err)) || (st = record_flush(r, false, err)))
-            return st;
-    }
+    bool bumped_first = false;
     for (size_t i = 0; i < r->nrunners; i++) {
         runner *u = &r->runners[i];
         prism_step_result res;
         if ((st = prism_policy_add_step(u->policy, m->step, m->blocks, m->count, &res, err)))
             return st;
         u->steps++;
-        if (version_bumped)
+        if (version_bumped && res.decided) {
             res.summary.map_version = prism_policy_bump_version(u->policy);
+            bumped_first = bumped_first || i == 0;
+        }
         if (res.decided) {
             u->decisions++;
             if (!u->decided)
@@ -380,6 +385,10 @@ static prism_status feed_step(replay *r, const prism_merged_step *m, bool versio
             }
         }
         u->saving_sum += u->decided ? u->saving : 0.0;
+    }
+    if (r->rec_file) {
+        if ((st = prism_trace_bin_step(&r->rec, m, bumped_first, err)) || (st = record_flush(r, false, err)))
+            return st;
     }
     return PRISM_OK;
 }
