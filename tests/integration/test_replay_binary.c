@@ -463,9 +463,9 @@ static void test_binary_replay_bumps_only_at_replayed_decisions(void)
     CU_ASSERT_EQUAL(r.exit_code, 0);
     CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "6 steps, 3 decisions, map_version 3;"));
     prism_proc_result_free(&r);
-    const char *cfg_path = prism_write_file(prism_scratch_dir(), "interval3.json",
-                                            "{\"warmup_steps\": 2, \"update_interval_steps\": 3, \"history_window\": 2, "
-                                            "\"min_steps_between_switches\": 0}");
+    const char *interval3 = "{\"warmup_steps\": 2, \"update_interval_steps\": 3, \"history_window\": 2, "
+                            "\"min_steps_between_switches\": 0}";
+    const char *cfg_path = prism_write_file(prism_scratch_dir(), "interval3.json", interval3);
     char config_arg[1024], rec_arg[1024];
     snprintf(config_arg, sizeof config_arg, "--config=%s", cfg_path);
     snprintf(rec_arg, sizeof rec_arg, "--record=%s/bumps-again.ptrace", prism_scratch_dir());

@@ -228,11 +228,14 @@ static void test_sweep_rejects_bad_arguments_naming_the_key(void)
         {{"--sweep", "force_bf16_blocks={", NULL}, "--sweep force_bf16_blocks: value 1 \"{\" has an unclosed {"},
         {{"--sweep", "force_bf16_blocks=[],[1", NULL}, "--sweep force_bf16_blocks: value 2 \"[1\" has an unclosed ["},
         {{"--sweep", "mode=dynamic,\"x", NULL}, "--sweep mode: value 2 \"\"x\" has an unclosed string"},
-        {{"--sweep", "force_bf16_blocks=[[1],{", NULL}, "--sweep force_bf16_blocks: value 1 \"[[1],{\" has an unclosed {"},
+        {{"--sweep", "force_bf16_blocks=[[1],{", NULL},
+         "--sweep force_bf16_blocks: value 1 \"[[1],{\" has an unclosed {"},
         {{"--sweep", "mode=\"a\\", NULL}, "--sweep mode: value 1 \"\"a\\\" has an unclosed string"},
         /* a number too large for a double is not taken as a bare word */
-        {{"--sweep", "bf16_threshold=0.5,1e999", NULL}, "--sweep bf16_threshold: value 2 \"1e999\" is not a finite number"},
-        {{"--sweep", "bf16_threshold=-1e999", NULL}, "--sweep bf16_threshold: value 1 \"-1e999\" is not a finite number"},
+        {{"--sweep", "bf16_threshold=0.5,1e999", NULL},
+         "--sweep bf16_threshold: value 2 \"1e999\" is not a finite number"},
+        {{"--sweep", "bf16_threshold=-1e999", NULL},
+         "--sweep bf16_threshold: value 1 \"-1e999\" is not a finite number"},
         {{"--sweep", "warmup_steps=99999999999999999999", NULL},
          "--sweep warmup_steps: value 1 \"99999999999999999999\" is an integer out of range"},
         {{"--sweep", "=1", NULL}, "--sweep \"=1\": expected KEY=V1,V2,..."},
@@ -280,7 +283,8 @@ static void test_sweep_rejects_bad_arguments_naming_the_key(void)
 static void test_sweep_bounds_combinations_times_blocks(void)
 {
     prism_buf text = {0};
-    CU_ASSERT_FATAL(prism_buf_append(&text, "{\"layout\": {\"blocks\": [", strlen("{\"layout\": {\"blocks\": [")) == PRISM_OK);
+    const char *head = "{\"layout\": {\"blocks\": [";
+    CU_ASSERT_FATAL(prism_buf_append(&text, head, strlen(head)) == PRISM_OK);
     for (unsigned b = 0; b < 4000; b++) {
         char one[64];
         int n = snprintf(one, sizeof one, "%s{\"id\": %u, \"param_bytes_bf16\": 10}", b ? ", " : "", b);
