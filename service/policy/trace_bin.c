@@ -268,6 +268,42 @@ static prism_status check_config(const char *text, const char *where, prism_erro
     return PRISM_OK;
 }
 
+static int compare_entry_ids(const void *a, const void *b)
+{
+    uint32_t x = ((const prism_trace_entry *)a)->block_id, y = ((const prism_trace_entry *)b)->block_id;
+    return (x > y) - (x < y);
+}
+
+/* A block id may appear once in a record's entries (as the JSONL form, an object keyed by id,
+ * allows it once); a repeat names the second entry and the block. */
+static prism_status check_unique_entries(const prism_trace_entry *entries, size_t n, const char *what,
+                                         prism_error *err)
+{
+    if (n < 2)
+        return PRISM_OK;
+    prism_trace_entry *sorted = malloc(n * sizeof *sorted);
+    if (!sorted)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+    memcpy(sorted, entries, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, compare_entry_ids);
+    bool repeated = false;
+    uint32_t id = 0;
+    for (size_t i = 1; i < n && !repeated; i++)
+        if (sorted[i].block_id == sorted[i - 1].block_id) {
+            repeated = true;
+            id = sorted[i].block_id;
+        }
+    free(sorted);
+    if (!repeated)
+        return PRISM_OK;
+    size_t second = 0;
+    for (size_t i = 0, seen = 0; i < n; i++)
+        if (entries[i].block_id == id && ++seen == 2)
+            second = i;
+    return prism_error_set(err, PRISM_ERR_INVALID, "%s[%zu].block_id: block %u appears twice in this record", what,
+                           second, id);
+}
+
 static bool format_is_low(int f)
 {
     return f == PRISM_PRECISION_INT8 || f == PRISM_PRECISION_FP8_E4M3 || f == PRISM_PRECISION_FP8_E5M2 ||
@@ -326,6 +362,8 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
                                        "calibration.errors[%zu].relative_error: expected a finite number >= 0", i);
             rec->entries[i] = (prism_trace_entry){c->errors[i]->block_id, e, 0};
         }
+        if ((st = check_unique_entries(rec->entries, c->n_errors, "calibration.errors", err)))
+            return st;
         rec->format = (prism_precision)c->format;
         rec->count = c->n_errors;
         rec->kind = PRISM_TRACE_CALIBRATION;
@@ -386,7 +424,12 @@ prism_status prism_trace_bin_next(prism_trace_bin_reader *r, prism_trace_record 
         return prism_error_set(err, PRISM_ERR_INVALID, "record %llu (byte %zu): the length prefix is cut short or "
                                "longer than 10 bytes (not a binary trace, or a truncated one)",
                                (unsigned long long)index, start);
-    if (size > PRISM_TRACE_BIN_MAX_RECORD || size > r->len - at)
+    if (size > PRISM_TRACE_BIN_MAX_RECORD)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "record %llu (byte %zu): a length of %llu bytes is over the %u-byte limit of a "
+                               "record (not a binary trace, or a damaged one)",
+                               (unsigned long long)index, start, (unsigned long long)size, PRISM_TRACE_BIN_MAX_RECORD);
+    if (size > r->len - at)
         return prism_error_set(err, PRISM_ERR_INVALID,
                                "record %llu (byte %zu): a length of %llu bytes runs past the end of the trace "
                                "(%zu bytes left; a truncated trace?)",

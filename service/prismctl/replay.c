@@ -62,9 +62,13 @@ static void replay_usage(FILE *out)
             "stderr), a config record is set for the next decision as a PATCH was, layout and\n"
             "calibration records are given to the policy, merged steps go to it as they are (no\n"
             "merge, --world-size unused), and a step whose decision prismd followed with a new map\n"
-            "version for a hybrid plan does so here. A trace whose older segments were dropped, or\n"
-            "that continues after a restart of prismd, replays with a note: its decisions from there\n"
-            "may differ from the live ones. Errors name the record and its byte offset.\n\n"
+            "version for a hybrid plan does so here when the replayed policy decides at that step too\n"
+            "(prismd bumps only at a decision; under another update_interval_steps, say, a bump at a\n"
+            "step that is no longer a decision is not applied). A trace whose older segments were\n"
+            "dropped, or that continues after a restart of prismd, replays with a note: its decisions\n"
+            "from there may differ from the live ones. Errors name the record and its byte offset.\n"
+            "A file that is text but not JSONL (its first non-blank byte not '{') gets the JSONL\n"
+            "reader's message for its first line.\n\n"
             "JSONL trace lines:\n"
             "  {\"step\": S, \"rank\": R, \"loss\": L, \"blocks\": [{\"id\": I, \"l2\": X, \"max_abs\": X,\n"
             "    \"mean\": X, \"variance\": X, \"numel\": N, \"nonfinite\": N}]}   rank, loss, mean,\n"
@@ -78,20 +82,26 @@ static void replay_usage(FILE *out)
             "--sweep KEY=V1,V2,... (repeatable, each key once) replays the trace under every\n"
             "combination of the values given (the first key varying slowest, the last fastest; at most\n"
             "%d combinations), each a policy of its own over the same parsed and merged steps, in\n"
-            "one pass. A combination's config is the base config (--config's, else the trace's)\n"
+            "one pass. Memory: each combination keeps state for every block of the trace (about %d\n"
+            "bytes a block at history_window 5, about 8 more per window step over that), so the\n"
+            "combinations times the trace's distinct block ids may be at most %d (about %d GB at\n"
+            "history_window 5); this is checked once the trace is loaded, and exits 2 naming the\n"
+            "numbers. A combination's config is the base config (--config's, else the trace's)\n"
             "with its values applied as a PATCH would apply them; a config the trace sets later gets\n"
             "the same values applied. Values are split at commas outside [...], {...} and \"...\"; each\n"
             "is JSON (0.5, true, null, \"fp8_e4m3\", [1,2]) or a bare word taken as a string\n"
             "(mode=static,dynamic). The config loader checks them: a bad key or value exits 2 naming\n"
             "it. world_size and step_timeout_ms cannot be swept (they shape the merge). Example:\n"
-            "  prismctl replay --sweep bf16_threshold=0.5,0.6 --sweep force_bf16_blocks=[],[0,1] run.trace\n"
+            "  prismctl replay --sweep bf16_threshold=0.5,0.6 --sweep 'force_bf16_blocks=[],[0,1]' run.trace\n"
+            "(quote a value with [ ] { } or \" for the shell). A value left open (an unclosed [, { or\n"
+            "string) exits 2 naming the key and the value.\n"
             "Instead of telemetry, a sweep prints a header line and one line per combination:\n"
             "  the values;\n"
             "  saving_end_pct: estimated_bandwidth_saving_pct of the last decision (- without one);\n"
             "  saving_avg_pct: the mean, over every step the policy completed, of the saving of the\n"
             "    last decision at or before that step (0 before the first decision);\n"
             "  switches: precision changes over the run (the sum of the records' precision_changes);\n"
-            "  blocks_switched_2plus: blocks whose precision changed at two decisions or more;\n"
+            "  blocks_switched_more_than_once: blocks whose precision changed at two decisions or more;\n"
             "  first_decision_step: the step of the first decision (- without one);\n"
             "  decisions: how many decisions the run made.\n"
             "--format json prints each line as {\"config\": {KEY: VALUE...}, \"saving_end_pct\",\n"
@@ -101,7 +111,8 @@ static void replay_usage(FILE *out)
             "started with, layout and calibration records, the configs it applied, and every merged\n"
             "step in order. Replaying FILE without --config gives the same records. Not with --sweep.\n\n"
             "Options:\n",
-            REPLAY_SWEEP_MAX_COMBINATIONS);
+            REPLAY_SWEEP_MAX_COMBINATIONS, REPLAY_SWEEP_BYTES_PER_BLOCK, REPLAY_SWEEP_MAX_BLOCK_STATES,
+            (int)((double)REPLAY_SWEEP_MAX_BLOCK_STATES * REPLAY_SWEEP_BYTES_PER_BLOCK / 1e9 + 0.5));
     for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
         char left[40];
         snprintf(left, sizeof left, "%s%s%s", options[i].name, options[i].arg ? " " : "",
@@ -342,24 +353,25 @@ static prism_status count_switches(runner *u, const prism_step_result *res, pris
     return PRISM_OK;
 }
 
-/* Feeds one merged step to every runner (and --record). When version_bumped, each decision is
- * followed by a new map version of the same precisions, as prismd's was for a hybrid plan, and
- * the record shows that version. */
+/* Feeds one merged step to every runner (and --record). When version_bumped and the runner's
+ * policy decided at this step, the decision is followed by a new map version of the same
+ * precisions, as prismd's was for a hybrid plan (prismd bumps only at a decision), and the
+ * record shows that version; a runner that made no decision at the step (another
+ * update_interval_steps, say) bumps nothing. --record writes the bump as this replay made it. */
 static prism_status feed_step(replay *r, const prism_merged_step *m, bool version_bumped, prism_error *err)
 {
     prism_status st;
-    if (r->rec_file) {
-        if ((st = prism_trace_bin_step(&r->rec, m, version_bumped, err)) || (st = record_flush(r, false, err)))
-            return st;
-    }
+    bool bumped_first = false;
     for (size_t i = 0; i < r->nrunners; i++) {
         runner *u = &r->runners[i];
         prism_step_result res;
         if ((st = prism_policy_add_step(u->policy, m->step, m->blocks, m->count, &res, err)))
             return st;
         u->steps++;
-        if (version_bumped)
+        if (version_bumped && res.decided) {
             res.summary.map_version = prism_policy_bump_version(u->policy);
+            bumped_first = bumped_first || i == 0;
+        }
         if (res.decided) {
             u->decisions++;
             if (!u->decided)
@@ -378,6 +390,10 @@ static prism_status feed_step(replay *r, const prism_merged_step *m, bool versio
             }
         }
         u->saving_sum += u->decided ? u->saving : 0.0;
+    }
+    if (r->rec_file) {
+        if ((st = prism_trace_bin_step(&r->rec, m, bumped_first, err)) || (st = record_flush(r, false, err)))
+            return st;
     }
     return PRISM_OK;
 }
@@ -595,11 +611,23 @@ static int print_records(FILE *records)
     return 0;
 }
 
+static prism_status append_spaces(prism_buf *out, size_t n)
+{
+    static const char spaces[] = "                                ";
+    prism_status st = PRISM_OK;
+    for (size_t chunk; n > 0 && !st; n -= chunk) {
+        chunk = n < sizeof spaces - 1 ? n : sizeof spaces - 1;
+        st = prism_buf_append(out, spaces, chunk);
+    }
+    return st;
+}
+
 /* --sweep's lines: the table (text) or one JSON object per combination. */
 static prism_status print_sweep(const replay *r, prism_error *err)
 {
     const replay_sweep *s = &r->opt->sweep;
-    static const char *const metrics[] = {"saving_end_pct", "saving_avg_pct", "switches", "blocks_switched_2plus",
+    static const char *const metrics[] = {"saving_end_pct", "saving_avg_pct", "switches",
+                                          "blocks_switched_more_than_once",
                                           "first_decision_step", "decisions"};
     enum { NMETRICS = sizeof metrics / sizeof metrics[0] };
     prism_buf out = {0};
@@ -636,53 +664,61 @@ static prism_status print_sweep(const replay *r, prism_error *err)
             PUT(num);
         }
     } else {
-        /* Every cell as text first, then the columns padded to their widest cell. */
+        /* Every cell as text first, then the columns padded to their widest cell. A value's cell
+         * is its text (as long as it is); a figure's is written into figs (short numbers). */
+        enum { FIG = 32 };
         size_t ncols = s->nkeys + NMETRICS, nrows = r->nrunners + 1;
-        char (*cells)[64] = calloc(ncols * nrows, sizeof *cells);
+        const char **cells = calloc(ncols * nrows, sizeof *cells);
+        char (*figs)[FIG] = calloc(r->nrunners * NMETRICS + 1, sizeof *figs);
         size_t *width = calloc(ncols, sizeof *width);
-        if (!cells || !width) {
+        if (!cells || !figs || !width) {
             free(cells);
+            free(figs);
             free(width);
             return nomem(err);
         }
         for (size_t c = 0; c < ncols; c++)
-            snprintf(cells[c], sizeof cells[c], "%s", c < s->nkeys ? s->keys[c].name : metrics[c - s->nkeys]);
+            cells[c] = c < s->nkeys ? s->keys[c].name : metrics[c - s->nkeys];
         for (size_t i = 0; i < r->nrunners; i++) {
             const runner *u = &r->runners[i];
-            char (*row)[64] = cells + (i + 1) * ncols;
+            const char **row = cells + (i + 1) * ncols;
             for (size_t k = 0; k < s->nkeys; k++)
-                snprintf(row[k], sizeof row[k], "%s", s->keys[k].texts[replay_sweep_value_index(s, i, k)]);
-            char (*m)[64] = row + s->nkeys;
+                row[k] = s->keys[k].texts[replay_sweep_value_index(s, i, k)];
+            char (*m)[FIG] = figs + i * NMETRICS;
             if (u->decided)
-                snprintf(m[0], sizeof m[0], "%.1f", u->saving);
+                snprintf(m[0], FIG, "%.1f", u->saving);
             else
-                snprintf(m[0], sizeof m[0], "-");
-            snprintf(m[1], sizeof m[1], "%.2f", u->steps ? u->saving_sum / (double)u->steps : 0.0);
-            snprintf(m[2], sizeof m[2], "%llu", (unsigned long long)u->switches);
-            snprintf(m[3], sizeof m[3], "%zu", u->twice);
+                snprintf(m[0], FIG, "-");
+            snprintf(m[1], FIG, "%.2f", u->steps ? u->saving_sum / (double)u->steps : 0.0);
+            snprintf(m[2], FIG, "%llu", (unsigned long long)u->switches);
+            snprintf(m[3], FIG, "%zu", u->twice);
             if (u->decided)
-                snprintf(m[4], sizeof m[4], "%llu", (unsigned long long)u->first_decision_step);
+                snprintf(m[4], FIG, "%llu", (unsigned long long)u->first_decision_step);
             else
-                snprintf(m[4], sizeof m[4], "-");
-            snprintf(m[5], sizeof m[5], "%llu", (unsigned long long)u->decisions);
+                snprintf(m[4], FIG, "-");
+            snprintf(m[5], FIG, "%llu", (unsigned long long)u->decisions);
+            for (size_t c = 0; c < NMETRICS; c++)
+                row[s->nkeys + c] = m[c];
         }
         for (size_t i = 0; i < nrows * ncols; i++)
             if (strlen(cells[i]) > width[i % ncols])
                 width[i % ncols] = strlen(cells[i]);
         for (size_t row = 0; row < nrows && !st; row++) {
             for (size_t c = 0; c < ncols; c++) {
-                char cell[80];
-                /* values left-aligned, figures right-aligned; the last column not padded */
-                if (c + 1 == ncols)
-                    snprintf(cell, sizeof cell, "%*s\n", (int)width[c], cells[row * ncols + c]);
-                else if (c < s->nkeys)
-                    snprintf(cell, sizeof cell, "%-*s  ", (int)width[c], cells[row * ncols + c]);
-                else
-                    snprintf(cell, sizeof cell, "%*s  ", (int)width[c], cells[row * ncols + c]);
+                /* values left-aligned, figures right-aligned; the last column not padded on the right */
+                const char *cell = cells[row * ncols + c];
+                size_t pad = width[c] - strlen(cell);
+                bool left = c < s->nkeys;
+                if (!left)
+                    st = st ? st : append_spaces(&out, pad);
                 PUT(cell);
+                if (left)
+                    st = st ? st : append_spaces(&out, pad);
+                PUT(c + 1 == ncols ? "\n" : "  ");
             }
         }
         free(cells);
+        free(figs);
         free(width);
     }
 #undef PUT
@@ -746,6 +782,20 @@ int prismctl_replay(int argc, char **argv)
     const prism_config *base = user_config || !trace.binary ? &cfg : NULL;
     if (!trace.binary && !world)
         world = trace.nranks ? (long long)trace.nranks : 1;
+    if (rc == 0 && opt.sweep.nkeys) {
+        size_t blocks = 0;
+        if ((st = replay_trace_count_blocks(&trace, &blocks, &err))) {
+            fprintf(stderr, "prismctl replay: %s\n", err.message);
+            rc = 1;
+        } else if (blocks && opt.sweep.combinations > REPLAY_SWEEP_MAX_BLOCK_STATES / blocks) {
+            fprintf(stderr, "prismctl replay: --sweep: %zu combinations x %zu blocks = %llu block states, more than "
+                            "the %d a sweep holds in memory (each configuration keeps state for every block): "
+                            "sweep fewer values, or split the sweep\n", opt.sweep.combinations, blocks,
+                    (unsigned long long)opt.sweep.combinations * (unsigned long long)blocks,
+                    REPLAY_SWEEP_MAX_BLOCK_STATES);
+            rc = 2;
+        }
+    }
     if (rc == 0 && opt.sweep.nkeys && base && (st = check_sweep(&opt.sweep, base, &err))) {
         fprintf(stderr, "prismctl replay: %s\n", err.message);
         rc = exit_code(st);
@@ -773,7 +823,7 @@ int prismctl_replay(int argc, char **argv)
         if (rec_tmp)
             snprintf(rec_tmp, n, "%s.partial-%ld", opt.record_path, (long)getpid());
         if (!rec_tmp || !(r.rec_file = fopen(rec_tmp, "wb"))) {
-            fprintf(stderr, "prismctl replay: --record %s: %s\n", rec_tmp ? rec_tmp : opt.record_path,
+            fprintf(stderr, "prismctl replay: --record %s: %s\n", opt.record_path,
                     rec_tmp ? strerror(errno) : "out of memory");
             rc = 1;
         }

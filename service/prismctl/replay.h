@@ -57,6 +57,10 @@ prism_status replay_trace_load(replay_trace *t, const char *name, const char *da
                                prism_error *err);
 void replay_trace_free(replay_trace *t);
 
+/* The number of distinct block ids the trace's steps, layouts and calibrations name: the blocks
+ * a policy replaying it holds state for. */
+prism_status replay_trace_count_blocks(const replay_trace *t, size_t *count, prism_error *err);
+
 /* Puts "FILE:LINE" or "FILE: record N (byte B)" of event e in front of err's message. */
 void replay_event_prefix(const replay_trace *t, const replay_event *e, prism_error *err);
 
@@ -70,6 +74,11 @@ bool replay_parse_step_fast(const char *line, size_t len, prism_trace_record *re
 /* ---- --sweep: a grid of configs over one trace ---- */
 
 #define REPLAY_SWEEP_MAX_COMBINATIONS 4096
+/* A sweep holds one policy per combination, each with state for every block of the trace (about
+ * 250 bytes a block at the default history_window of 5, about 8 more per window step over that;
+ * measured with 10,000 blocks): combinations x blocks is bounded to keep a sweep near 4 GB. */
+#define REPLAY_SWEEP_MAX_BLOCK_STATES 16000000
+#define REPLAY_SWEEP_BYTES_PER_BLOCK 250
 
 typedef struct replay_sweep_key {
     char *name;

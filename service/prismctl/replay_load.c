@@ -472,7 +472,8 @@ static prism_status load_jsonl(replay_trace *t, const char *text, size_t len, lo
     return st;
 }
 
-static prism_status load_binary(replay_trace *t, const char *data, size_t len, prism_error *err)
+/* Reads a binary trace; *records is the number of records read before a failure. */
+static prism_status load_binary(replay_trace *t, const char *data, size_t len, uint64_t *records, prism_error *err)
 {
     prism_trace_bin_reader rd;
     prism_trace_bin_reader_init(&rd, data, len);
@@ -492,7 +493,54 @@ static prism_status load_binary(replay_trace *t, const char *data, size_t len, p
             break;
         }
     }
+    *records = rd.records;
     prism_trace_record_free(&rec);
+    return st;
+}
+
+/* Whether the start of data reads as text: its first 512 bytes are UTF-8 (a BOM included, a
+ * character cut at the end allowed) with no control character but tab, CR and LF. A
+ * binary trace starts with a length prefix and a protobuf tag, which do not. */
+static bool looks_like_text(const char *data, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    size_t n = len < 512 ? len : 512;
+    if (n == 0)
+        return false;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = p[i];
+        if (c < 0x80) {
+            if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+                return false;
+            i++;
+            continue;
+        }
+        size_t more = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+        if (!more)
+            return false;
+        for (size_t k = 1; k <= more; k++) {
+            if (i + k >= n)
+                return true; /* cut at the end of what is looked at */
+            if ((p[i + k] & 0xc0) != 0x80)
+                return false;
+        }
+        i += more + 1;
+    }
+    return true;
+}
+
+prism_status replay_trace_count_blocks(const replay_trace *t, size_t *count, prism_error *err)
+{
+    prism_idmap ids;
+    prism_idmap_init(&ids);
+    prism_status st = PRISM_OK;
+    for (size_t i = 0; i < t->nblocks + t->nentries && !st; i++) {
+        uint32_t id = i < t->nblocks ? t->blocks[i].block_id : t->entries[i - t->nblocks].block_id;
+        if (prism_idmap_get(&ids, id) == PRISM_IDMAP_NONE && prism_idmap_put(&ids, id, 0))
+            st = prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+    }
+    *count = ids.count;
+    prism_idmap_free(&ids);
     return st;
 }
 
@@ -502,5 +550,26 @@ prism_status replay_trace_load(replay_trace *t, const char *name, const char *da
     memset(t, 0, sizeof *t);
     t->name = name;
     t->binary = prism_trace_is_binary(data, len);
-    return t->binary ? load_binary(t, data, len, err) : load_jsonl(t, data, len, world, err);
+    if (!t->binary)
+        return load_jsonl(t, data, len, world, err);
+    uint64_t records = 0;
+    prism_status st = load_binary(t, data, len, &records, err);
+    if (st != PRISM_ERR_INVALID || records > 0 || !looks_like_text(data, len))
+        return st;
+    /* Text whose first non-blank byte is not '{' ([1,2], a BOM, prose): not a binary trace, but a
+     * JSONL one with a bad line; the JSONL reader names that line. */
+    replay_trace_free(t);
+    t->name = name;
+    prism_error jerr = {0};
+    prism_status jst = load_jsonl(t, data, len, world, &jerr);
+    if (jst) {
+        if (err)
+            *err = jerr;
+        return jst;
+    }
+    /* Not reachable: a line not starting with '{' is not a JSON object. Keep the binary message. */
+    replay_trace_free(t);
+    t->name = name;
+    t->binary = true;
+    return st;
 }

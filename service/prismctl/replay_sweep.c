@@ -20,15 +20,54 @@ void replay_sweep_free(replay_sweep *s)
     memset(s, 0, sizeof *s);
 }
 
-/* One value as written: JSON, or a bare word taken as a string. NULL: neither. */
-static json_t *parse_value(const char *text, size_t len)
+/* Whether text is a JSON number (-?int frac? exp?) by its syntax alone. */
+static bool json_number_syntax(const char *t, size_t len)
+{
+    size_t i = 0;
+    if (i < len && t[i] == '-')
+        i++;
+    size_t digits = i;
+    while (i < len && t[i] >= '0' && t[i] <= '9')
+        i++;
+    if (i == digits)
+        return false;
+    if (i < len && t[i] == '.') {
+        size_t frac = ++i;
+        while (i < len && t[i] >= '0' && t[i] <= '9')
+            i++;
+        if (i == frac)
+            return false;
+    }
+    if (i < len && (t[i] == 'e' || t[i] == 'E')) {
+        i++;
+        if (i < len && (t[i] == '+' || t[i] == '-'))
+            i++;
+        size_t exp = i;
+        while (i < len && t[i] >= '0' && t[i] <= '9')
+            i++;
+        if (i == exp)
+            return false;
+    }
+    return i == len;
+}
+
+/* One value as written: JSON, or a bare word taken as a string. NULL: neither, and *why says
+ * what it is instead ("is neither JSON nor a bare word", "is not a finite number"...). */
+static json_t *parse_value(const char *text, size_t len, const char **why)
 {
     json_error_t jerr;
     json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
     if (v)
         return v;
+    *why = "is neither JSON nor a bare word";
     if (len == 0)
         return NULL;
+    /* A number jansson refuses is one it cannot hold (1e999, 2^64): not a word to take as a string. */
+    if (json_number_syntax(text, len)) {
+        bool integer = !memchr(text, '.', len) && !memchr(text, 'e', len) && !memchr(text, 'E', len);
+        *why = integer ? "is an integer out of range" : "is not a finite number";
+        return NULL;
+    }
     for (size_t i = 0; i < len; i++) {
         char c = text[i];
         bool word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
@@ -95,10 +134,17 @@ prism_status replay_sweep_add(replay_sweep *s, const char *arg, prism_error *err
     json_t *values = json_array();
     if (!values)
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
-    /* Split at commas outside [], {} and strings. */
+    /* Split at commas outside [], {} and strings. open[] holds the brackets open in the value
+     * being read (innermost last); a value still inside a string or a bracket at the end is an
+     * error, not a value cut short. */
     const char *v = eq + 1;
     size_t start = 0, n = strlen(v);
-    int depth = 0;
+    char *open = malloc(n + 1);
+    if (!open) {
+        json_decref(values);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
+    }
+    size_t depth = 0;
     bool in_string = false;
     for (size_t i = 0; i <= n; i++) {
         char c = i < n ? v[i] : ',';
@@ -107,25 +153,41 @@ prism_status replay_sweep_add(replay_sweep *s, const char *arg, prism_error *err
                 i++;
             else if (c == '"')
                 in_string = false;
-            continue;
+            if (i < n)
+                continue;
+        }
+        if (i == n && (in_string || depth > 0)) {
+            const char *what = in_string ? "string" : open[depth - 1] == '[' ? "[" : "{";
+            prism_error_set(err, PRISM_ERR_INVALID, "--sweep %.*s: value %zu \"%.*s\" has an unclosed %s",
+                            (int)name_len, arg, json_array_size(values) + 1, (int)(n - start), v + start, what);
+            free(open);
+            json_decref(values);
+            return PRISM_ERR_INVALID;
         }
         if (c == '"')
             in_string = true;
         else if (c == '[' || c == '{')
-            depth++;
+            open[depth++] = c;
         else if ((c == ']' || c == '}') && depth > 0)
             depth--;
         else if (c == ',' && depth == 0) {
-            json_t *value = parse_value(v + start, i - start);
+            const char *why = NULL;
+            json_t *value = parse_value(v + start, i - start, &why);
             if (!value) {
+                prism_error_set(err, PRISM_ERR_INVALID, "--sweep %.*s: value %zu \"%.*s\" %s", (int)name_len, arg,
+                                json_array_size(values) + 1, (int)(i - start), v + start, why);
+                free(open);
                 json_decref(values);
-                return prism_error_set(err, PRISM_ERR_INVALID, "--sweep %.*s: value %zu \"%.*s\" is neither JSON "
-                                       "nor a bare word", (int)name_len, arg, json_array_size(values) + 1,
-                                       (int)(i - start), v + start);
+                return PRISM_ERR_INVALID;
             }
             json_array_append_new(values, value);
             start = i + 1;
         }
+    }
+    free(open);
+    if (json_array_size(values) == 0) {
+        json_decref(values);
+        return prism_error_set(err, PRISM_ERR_INVALID, "--sweep %.*s: no values", (int)name_len, arg);
     }
     replay_sweep_key *keys = realloc(s->keys, (s->nkeys + 1) * sizeof *keys);
     char **texts = calloc(json_array_size(values), sizeof *texts);

@@ -280,7 +280,7 @@ static void test_binary_replay_rejects_bad_records_naming_record_and_byte(void)
     CU_ASSERT_FATAL(prism_trace_bin_header(&good, "j", 1, 1, &cfg, false, &err) == PRISM_OK);
     append_steps(&good, 1, 2, false);
     size_t head = good.len;
-    static bad_case cases[8];
+    static bad_case cases[10];
     size_t n = 0;
     /* truncated: the last record cut short by 3 bytes */
     cases[n] = (bad_case){"truncated", {0}, 0, NULL};
@@ -289,6 +289,33 @@ static void test_binary_replay_rejects_bad_records_naming_record_and_byte(void)
     cases[n] = (bad_case){"bad length", {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, 11,
                           "the length prefix is cut short or longer than 10 bytes"};
     n++;
+    /* a length over the 1 GiB record limit: 2^30 + 1 */
+    cases[n] = (bad_case){"over the limit", {0x81, 0x80, 0x80, 0x80, 0x04}, 5,
+                          "a length of 1073741825 bytes is over the 1073741824-byte limit of a record"};
+    n++;
+    /* a calibration naming block 7 twice */
+    {
+        Prism__V1__BlockError e[3] = {PRISM__V1__BLOCK_ERROR__INIT, PRISM__V1__BLOCK_ERROR__INIT,
+                                      PRISM__V1__BLOCK_ERROR__INIT};
+        e[0].block_id = 7;
+        e[0].relative_error = 0.1;
+        e[1].block_id = 3;
+        e[1].relative_error = 0.2;
+        e[2].block_id = 7;
+        e[2].relative_error = 0.3;
+        Prism__V1__BlockError *ep[3] = {&e[0], &e[1], &e[2]};
+        Prism__V1__CalibrationErrors cal = PRISM__V1__CALIBRATION_ERRORS__INIT;
+        cal.format = PRISM__V1__PRECISION__INT8;
+        cal.n_errors = 3;
+        cal.errors = ep;
+        Prism__V1__TraceRecord rec = PRISM__V1__TRACE_RECORD__INIT;
+        rec.record_case = PRISM__V1__TRACE_RECORD__RECORD_CALIBRATION;
+        rec.calibration = &cal;
+        cases[n] = (bad_case){"repeated calibration block", {0}, 0,
+                              "calibration.errors[2].block_id: block 7 appears twice in this record"};
+        cases[n].len = frame(&rec, cases[n].bytes, sizeof cases[n].bytes);
+        n++;
+    }
     /* unknown kind: a record holding only field 9 */
     cases[n] = (bad_case){"unknown kind", {0x02, 0x4a, 0x00}, 3, "a record of an unknown kind"};
     n++;
@@ -383,6 +410,86 @@ static void test_binary_replay_rejects_bad_records_naming_record_and_byte(void)
     prism_config_free(&cfg);
 }
 
+/* A text file whose first non-blank byte is not '{' is a JSONL trace with a bad line, not a
+ * binary one: the message is the JSONL reader's, naming the line. */
+static void test_text_that_is_not_jsonl_gets_the_jsonl_message(void)
+{
+    static const struct {
+        const char *text;
+        const char *expected;
+    } cases[] = {
+        {"[1,2]\n", "text.jsonl:1: expected a JSON object, got an array"},
+        {"\n  \n[1,2]\n", "text.jsonl:3: expected a JSON object, got an array"},
+        {"\xef\xbb\xbf{\"step\": 1, \"blocks\": []}\n", "text.jsonl:1: "},
+        {"hello, world\n", "text.jsonl:1: "},
+        {"17\n", "text.jsonl:1: column 2: JSON syntax error: '[' or '{' expected near '17'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = write_bytes("text.jsonl", cases[i].text, strlen(cases[i].text));
+        prism_proc_result r = run_replay(path, NULL, NULL);
+        if (r.exit_code != 2 || !strstr(r.err, cases[i].expected) || strstr(r.err, "record 1"))
+            fprintf(stderr, "case %zu: exit %d, stderr: %s", i, r.exit_code, r.err);
+        CU_ASSERT_EQUAL(r.exit_code, 2);
+        CU_ASSERT_EQUAL(r.out_len, 0);
+        CU_ASSERT_PTR_NOT_NULL(strstr(r.err, cases[i].expected));
+        CU_ASSERT_PTR_NULL(strstr(r.err, "record 1"));
+        prism_proc_result_free(&r);
+    }
+    /* Bytes that are not text keep the binary reader's message. */
+    const char bin[] = {0x05, 0x01, 0x02};
+    const char *path = write_bytes("text.jsonl", bin, sizeof bin);
+    prism_proc_result r = run_replay(path, NULL, NULL);
+    CU_ASSERT_EQUAL(r.exit_code, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "text.jsonl: record 1 (byte 0): a length of 5 bytes runs past the end"));
+    prism_proc_result_free(&r);
+}
+
+/* prismd bumps the map version only at a decision: a recorded bump applies when the replayed
+ * policy decides at that step too. The trace decided (and bumped) at steps 2, 4, 6 under
+ * update_interval_steps 2; replayed under 3 (decisions at 2 and 5) only step 2's bump applies. */
+static void test_binary_replay_bumps_only_at_replayed_decisions(void)
+{
+    prism_buf bin = {0};
+    prism_error err = {0};
+    prism_config cfg;
+    load_config(small_config, &cfg);
+    CU_ASSERT_FATAL(prism_trace_bin_header(&bin, "job-v", 1, 1, &cfg, false, &err) == PRISM_OK);
+    append_steps(&bin, 1, 6, true);
+    const char *path = write_bytes("bumps.ptrace", bin.data, bin.len);
+    char trace[1024];
+    snprintf(trace, sizeof trace, "%s", path);
+    /* as recorded: three decisions, three bumps */
+    prism_proc_result r = run_replay(trace, NULL, NULL);
+    CU_ASSERT_EQUAL(r.exit_code, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "6 steps, 3 decisions, map_version 3;"));
+    prism_proc_result_free(&r);
+    const char *interval3 = "{\"warmup_steps\": 2, \"update_interval_steps\": 3, \"history_window\": 2, "
+                            "\"min_steps_between_switches\": 0}";
+    const char *cfg_path = prism_write_file(prism_scratch_dir(), "interval3.json", interval3);
+    char config_arg[1024], rec_arg[1024];
+    snprintf(config_arg, sizeof config_arg, "--config=%s", cfg_path);
+    snprintf(rec_arg, sizeof rec_arg, "--record=%s/bumps-again.ptrace", prism_scratch_dir());
+    r = run_replay(trace, config_arg, rec_arg);
+    CU_ASSERT_EQUAL(r.exit_code, 0);
+    if (!strstr(r.err, "6 steps, 2 decisions, map_version 1;"))
+        fprintf(stderr, "stderr: %s\nstdout: %s", r.err, r.out);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "6 steps, 2 decisions, map_version 1;"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.out, "{\"step_id\":5,"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.out, "\"map_version\":1,"));
+    CU_ASSERT_PTR_NULL(strstr(r.out, "\"map_version\":2,"));
+    /* --record writes the bumps this replay made: its replay agrees */
+    char again[1024];
+    snprintf(again, sizeof again, "%s/bumps-again.ptrace", prism_scratch_dir());
+    prism_proc_result r2 = run_replay(again, NULL, NULL);
+    CU_ASSERT_EQUAL(r2.exit_code, 0);
+    CU_ASSERT_STRING_EQUAL(r2.out, r.out);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r2.err, "6 steps, 2 decisions, map_version 1;"));
+    prism_proc_result_free(&r2);
+    prism_proc_result_free(&r);
+    prism_buf_free(&bin);
+    prism_config_free(&cfg);
+}
+
 static const prism_test_case cases[] = {
     {"test_binary_replay_equals_the_jsonl_replay_of_the_same_steps",
      test_binary_replay_equals_the_jsonl_replay_of_the_same_steps},
@@ -391,6 +498,8 @@ static const prism_test_case cases[] = {
     {"test_binary_replay_notes_dropped_segments_and_restarts", test_binary_replay_notes_dropped_segments_and_restarts},
     {"test_binary_replay_rejects_bad_records_naming_record_and_byte",
      test_binary_replay_rejects_bad_records_naming_record_and_byte},
+    {"test_text_that_is_not_jsonl_gets_the_jsonl_message", test_text_that_is_not_jsonl_gets_the_jsonl_message},
+    {"test_binary_replay_bumps_only_at_replayed_decisions", test_binary_replay_bumps_only_at_replayed_decisions},
     {NULL, NULL},
 };
 

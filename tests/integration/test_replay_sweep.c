@@ -5,6 +5,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
+#include "telemetry.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,12 +186,12 @@ static void test_sweep_table_has_exact_values(void)
     CU_ASSERT_EQUAL(r.exit_code, 0);
     /* dynamic: saving 0 at step 1, 18.8 at steps 2-7, 31.3 at steps 8-12: (6 * 18.8 + 5 * 31.3) / 12
      * = 22.44; 4 switches (two at step 2, two at step 8), block 2 twice. static: nothing low. */
-    const char *expected = "int8_threshold  mode       saving_end_pct  saving_avg_pct  switches  blocks_switched_2plus  "
-                           "first_decision_step  decisions\n"
-                           "0.3             \"dynamic\"            31.3           22.44         4                      1  "
-                           "                  2          6\n"
-                           "0.3             \"static\"              0.0            0.00         0                      0  "
-                           "                  2          6\n";
+    const char *expected = "int8_threshold  mode       saving_end_pct  saving_avg_pct  switches  "
+                           "blocks_switched_more_than_once  first_decision_step  decisions\n"
+                           "0.3             \"dynamic\"            31.3           22.44         4                  "
+                           "             1                    2          6\n"
+                           "0.3             \"static\"              0.0            0.00         0                  "
+                           "             0                    2          6\n";
     if (strcmp(r.out, expected) != 0)
         fprintf(stderr, "got:\n%s", r.out);
     CU_ASSERT_STRING_EQUAL(r.out, expected);
@@ -220,17 +222,35 @@ static void test_sweep_rejects_bad_arguments_naming_the_key(void)
          "--sweep hysteresis_margin: the key is given twice"},
         {{"--sweep", "world_size=1,2", NULL}, "--sweep world_size: the key shapes the rank merge"},
         {{"--sweep", "bf16_threshold=", NULL}, "--sweep bf16_threshold: value 1 \"\" is neither JSON nor a bare word"},
+        /* a value left open is an error naming it, not a crash or a value dropped */
+        {{"--sweep", "force_bf16_blocks=[1,2", NULL}, "--sweep force_bf16_blocks: value 1 \"[1,2\" has an unclosed ["},
+        {{"--sweep", "mode=\"abc", NULL}, "--sweep mode: value 1 \"\"abc\" has an unclosed string"},
+        {{"--sweep", "force_bf16_blocks={", NULL}, "--sweep force_bf16_blocks: value 1 \"{\" has an unclosed {"},
+        {{"--sweep", "force_bf16_blocks=[],[1", NULL}, "--sweep force_bf16_blocks: value 2 \"[1\" has an unclosed ["},
+        {{"--sweep", "mode=dynamic,\"x", NULL}, "--sweep mode: value 2 \"\"x\" has an unclosed string"},
+        {{"--sweep", "force_bf16_blocks=[[1],{", NULL},
+         "--sweep force_bf16_blocks: value 1 \"[[1],{\" has an unclosed {"},
+        {{"--sweep", "mode=\"a\\", NULL}, "--sweep mode: value 1 \"\"a\\\" has an unclosed string"},
+        /* a number too large for a double is not taken as a bare word */
+        {{"--sweep", "bf16_threshold=0.5,1e999", NULL},
+         "--sweep bf16_threshold: value 2 \"1e999\" is not a finite number"},
+        {{"--sweep", "bf16_threshold=-1e999", NULL},
+         "--sweep bf16_threshold: value 1 \"-1e999\" is not a finite number"},
+        {{"--sweep", "warmup_steps=99999999999999999999", NULL},
+         "--sweep warmup_steps: value 1 \"99999999999999999999\" is an integer out of range"},
         {{"--sweep", "=1", NULL}, "--sweep \"=1\": expected KEY=V1,V2,..."},
         {{"--format", "json", NULL}, "--format applies to --sweep's output only"},
         {{"--sweep", "mode=off", "--record"}, "--record and --sweep do not go together"},
     };
+    char never[600];
+    snprintf(never, sizeof never, "%s/never-written.ptrace", prism_scratch_dir());
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *args[12];
         size_t n = 0;
         for (size_t k = 0; k < 4 && cases[i].args[k]; k++)
             args[n++] = cases[i].args[k];
         if (n == 3)
-            args[n++] = "/tmp/never-written.ptrace";
+            args[n++] = never;
         args[n++] = trace_path;
         args[n] = NULL;
         prism_proc_result r = run_prismctl(args);
@@ -254,7 +274,78 @@ static void test_sweep_rejects_bad_arguments_naming_the_key(void)
     CU_ASSERT_EQUAL(r.exit_code, 2);
     CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "--sweep grad_weight: 272 x 16 combinations, more than the 4096 a sweep replays"));
     prism_proc_result_free(&r);
-    CU_ASSERT_EQUAL(access("/tmp/never-written.ptrace", F_OK), -1);
+    CU_ASSERT_EQUAL(access(never, F_OK), -1);
+}
+
+/* Combinations x the trace's blocks is bounded (each combination keeps state for every block):
+ * 4096 combinations over a trace of 4000 blocks (named by its layout) are refused once the trace
+ * is loaded, naming the numbers; 2 combinations of the same trace replay. */
+static void test_sweep_bounds_combinations_times_blocks(void)
+{
+    prism_buf text = {0};
+    const char *head = "{\"layout\": {\"blocks\": [";
+    CU_ASSERT_FATAL(prism_buf_append(&text, head, strlen(head)) == PRISM_OK);
+    for (unsigned b = 0; b < 4000; b++) {
+        char one[64];
+        int n = snprintf(one, sizeof one, "%s{\"id\": %u, \"param_bytes_bf16\": 10}", b ? ", " : "", b);
+        CU_ASSERT_FATAL(prism_buf_append(&text, one, (size_t)n) == PRISM_OK);
+    }
+    const char *tail = "]}}\n{\"step\": 1, \"blocks\": []}\n";
+    CU_ASSERT_FATAL(prism_buf_append(&text, tail, strlen(tail) + 1) == PRISM_OK);
+    char trace_path[512];
+    snprintf(trace_path, sizeof trace_path, "%s", prism_write_file(prism_scratch_dir(), "wide.jsonl", text.data));
+    prism_buf_free(&text);
+    /* 16 x 16 x 16 = 4096 combinations, the most --sweep takes */
+    char a[256] = "bf16_threshold=", b[256] = "hysteresis_margin=", c[256] = "grad_weight=";
+    for (int v = 0; v < 16; v++) {
+        sprintf(a + strlen(a), "%s0.%02d", v ? "," : "", 60 + v);
+        sprintf(b + strlen(b), "%s0.%02d", v ? "," : "", v);
+        sprintf(c + strlen(c), "%s0.%02d", v ? "," : "", v);
+    }
+    const char *args[] = {"--sweep", a, "--sweep", b, "--sweep", c, trace_path, NULL};
+    prism_proc_result r = run_prismctl(args);
+    if (r.exit_code != 2)
+        fprintf(stderr, "exit %d, stderr: %s", r.exit_code, r.err);
+    CU_ASSERT_EQUAL(r.exit_code, 2);
+    CU_ASSERT_EQUAL(r.out_len, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "--sweep: 4096 combinations x 4000 blocks = 16384000 block states, more "
+                                         "than the 16000000 a sweep holds in memory"));
+    prism_proc_result_free(&r);
+    const char *two[] = {"--sweep", "bf16_threshold=0.6,0.7", trace_path, NULL};
+    r = run_prismctl(two);
+    CU_ASSERT_EQUAL(r.exit_code, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "2 configurations, 1 steps each"));
+    prism_proc_result_free(&r);
+}
+
+/* A value longer than any fixed cell shows whole in the table, its column padded to it: every
+ * line of the table is as long as the header. */
+static void test_sweep_table_shows_long_values_whole(void)
+{
+    const char *trace = write_trace();
+    char trace_path[512], cfg_arg[600], value[400] = "force_bf16_blocks=[],[", list[400] = "[";
+    snprintf(trace_path, sizeof trace_path, "%s", trace);
+    snprintf(cfg_arg, sizeof cfg_arg, "--config=%s", prism_write_file(prism_scratch_dir(), "base.json", base_config));
+    for (unsigned id = 0; id < 30; id++) {
+        sprintf(value + strlen(value), "%s%u", id ? "," : "", 1000 + id);
+        sprintf(list + strlen(list), "%s%u", id ? "," : "", 1000 + id);
+    }
+    strcat(value, "]");
+    strcat(list, "]");
+    CU_ASSERT_FATAL(strlen(list) > 100);
+    const char *args[] = {"--timestamp", TS, cfg_arg, "--sweep", value, trace_path, NULL};
+    prism_proc_result r = run_prismctl(args);
+    CU_ASSERT_EQUAL_FATAL(r.exit_code, 0);
+    const char *l1 = r.out, *l2 = strchr(l1, '\n') + 1, *l3 = strchr(l2, '\n') + 1;
+    size_t n1 = (size_t)(strchr(l1, '\n') - l1), n2 = (size_t)(strchr(l2, '\n') - l2), n3 = strlen(l3) - 1;
+    CU_ASSERT_EQUAL(n1, n2);
+    CU_ASSERT_EQUAL(n1, n3);
+    CU_ASSERT_EQUAL(strncmp(l3, list, strlen(list)), 0);
+    CU_ASSERT_EQUAL(strncmp(l3 + strlen(list), "  ", 2), 0);
+    CU_ASSERT_EQUAL(strncmp(l1, "force_bf16_blocks ", 18), 0);
+    if (n1 != n3 || strncmp(l3, list, strlen(list)) != 0)
+        fprintf(stderr, "got:\n%s", r.out);
+    prism_proc_result_free(&r);
 }
 
 /* --record converts the JSONL trace to a binary one that replays (its header's config, no
@@ -308,6 +399,18 @@ static void test_record_round_trip(void)
     CU_ASSERT_EQUAL(r5.exit_code, 2);
     CU_ASSERT_PTR_NOT_NULL(strstr(r5.err, "bad.jsonl:2: blocks: expected an array, got a number"));
     CU_ASSERT_EQUAL(access(bad_out, F_OK), -1);
+    /* A --record path in a folder that does not exist: the message names that path, not the
+     * temporary file beside it. */
+    char missing[600], expect[700];
+    snprintf(missing, sizeof missing, "%s/missing/x.ptrace", prism_scratch_dir());
+    snprintf(expect, sizeof expect, "prismctl replay: --record %s: No such file or directory\n", missing);
+    const char *a6[] = {"--record", missing, trace_path, NULL};
+    prism_proc_result r6 = run_prismctl(a6);
+    CU_ASSERT_EQUAL(r6.exit_code, 1);
+    CU_ASSERT_EQUAL(r6.out_len, 0);
+    CU_ASSERT_STRING_EQUAL(r6.err, expect);
+    CU_ASSERT_PTR_NULL(strstr(r6.err, ".partial"));
+    prism_proc_result_free(&r6);
     prism_proc_result_free(&r1);
     prism_proc_result_free(&r2);
     prism_proc_result_free(&r3);
@@ -349,6 +452,8 @@ static const prism_test_case cases[] = {
     {"test_sweep_lines_equal_separate_replays", test_sweep_lines_equal_separate_replays},
     {"test_sweep_table_has_exact_values", test_sweep_table_has_exact_values},
     {"test_sweep_rejects_bad_arguments_naming_the_key", test_sweep_rejects_bad_arguments_naming_the_key},
+    {"test_sweep_bounds_combinations_times_blocks", test_sweep_bounds_combinations_times_blocks},
+    {"test_sweep_table_shows_long_values_whole", test_sweep_table_shows_long_values_whole},
     {"test_record_round_trip", test_record_round_trip},
     {"test_sweep_of_a_binary_trace_uses_its_header_config", test_sweep_of_a_binary_trace_uses_its_header_config},
     {NULL, NULL},
