@@ -1448,6 +1448,42 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
  * errors of its own registered layout only, under the fingerprint of that layout (the
  * ModelLayout of its Hello); a report naming another fingerprint, or one sent by a job that
  * registered no fingerprint, is refused with PERMISSION_DENIED. */
+static int compare_u32_ids(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A calibration names each block once: a repeat would make the kept error depend on the order of
+ * the entries, and a recorded trace with it would not replay. Writes "calibration.errors[I]: block
+ * B appears twice in the report" (I: the second entry) into message; PRISM_ERR_NOMEM when the
+ * check could not be made. */
+static prism_status calibration_repeats(const Prism__V1__CalibrationReport *c, char *message, size_t size)
+{
+    if (c->n_errors < 2)
+        return PRISM_OK;
+    uint32_t *ids = malloc(c->n_errors * sizeof *ids);
+    if (!ids)
+        return PRISM_ERR_NOMEM;
+    for (size_t i = 0; i < c->n_errors; i++)
+        ids[i] = c->errors[i]->block_id;
+    qsort(ids, c->n_errors, sizeof *ids, compare_u32_ids);
+    bool repeated = false;
+    uint32_t id = 0;
+    for (size_t i = 1; i < c->n_errors && !repeated; i++)
+        if (ids[i] == ids[i - 1]) {
+            repeated = true;
+            id = ids[i];
+        }
+    free(ids);
+    for (size_t i = 0, seen = 0; repeated && i < c->n_errors; i++)
+        if (c->errors[i]->block_id == id && ++seen == 2) {
+            snprintf(message, size, "calibration.errors[%zu]: block %u appears twice in the report", i, id);
+            break;
+        }
+    return PRISM_OK;
+}
+
 static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const Prism__V1__CalibrationReport *c)
 {
     prismd_job *job = peer->job;
@@ -1466,6 +1502,10 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
         if (!job_has_block(job, id))
             snprintf(message, sizeof message, "calibration.errors[%zu]: block %u is in no layout or report of the job",
                      i, id);
+    }
+    if (!message[0] && calibration_repeats(c, message, sizeof message) == PRISM_ERR_NOMEM) {
+        send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
     }
     if (message[0]) {
         j->counters.reports_rejected++;

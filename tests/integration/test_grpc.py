@@ -973,6 +973,17 @@ class GrpcTest(unittest.TestCase):
                                                 errors=[pb.BlockError(block_id=1, relative_error=0.1)]))
         self.assertIn("calibration.fingerprint: 65 bytes, at most 64", a.next().error.message)
 
+    def test_calibration_naming_a_block_twice_is_refused(self):
+        a = self.one_job_decided()  # blocks 0 and 1
+        a.send(calibration=pb.CalibrationReport(format=pb.INT8, errors=[
+            pb.BlockError(block_id=1, relative_error=0.1), pb.BlockError(block_id=0, relative_error=0.2),
+            pb.BlockError(block_id=1, relative_error=0.3)]))
+        e = a.next()
+        self.assertEqual(e.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertEqual(e.error.message, "calibration.errors[2]: block 1 appears twice in the report")
+        status, body = self.prismd.http("/v1/jobs/job-r/blocks")
+        self.assertEqual(status, 200)
+
     def test_a_refused_hello_leaves_no_job_behind(self):
         a = self.agent()
         a.hello("job-none", 5, 2)
