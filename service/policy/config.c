@@ -309,6 +309,8 @@ const char *prism_config_file_name_problem(const char *s)
         return "is longer than 255 bytes (NAME_MAX)";
     if (strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
         return "names a directory (\".\" or \"..\")";
+    if (strcmp(s, PRISM_CONFIG_RESERVED_FILE_NAME) == 0)
+        return "is reserved: prismd keeps the job's binary trace in the directory \"trace\" of the job's directory";
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '/')
             return "contains '/' (a plain file name inside the job's directory)";

@@ -132,10 +132,12 @@ prism_status prism_config_load_file(const char *path, prism_config *out, prism_e
 prism_status prism_config_validate(const prism_config *cfg, prism_error *err);
 
 /* telemetry_file names a file inside the job's directory: not empty, at most NAME_MAX bytes, no
- * '/', not "." or "..", no control character. NULL when name is such a name, else what is wrong
- * ("is longer than 255 bytes (NAME_MAX)"). Whether the file can be opened is the caller's to check
+ * '/', not "." or "..", not "trace" (the job's trace directory, DESIGN 4.6), no control
+ * character. NULL when name is such a name, else what is wrong ("is longer than 255 bytes
+ * (NAME_MAX)"). Whether the file can be opened is the caller's to check
  * (prismd does at PATCH time): the policy core does no I/O. */
 #define PRISM_CONFIG_FILE_NAME_MAX 255
+#define PRISM_CONFIG_RESERVED_FILE_NAME "trace"
 const char *prism_config_file_name_problem(const char *name);
 
 /* The config as a bare JSON object with every key of the table. Caller decrefs. */

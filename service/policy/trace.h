@@ -42,6 +42,7 @@ typedef struct prism_trace_record {
     uint64_t segment;          /* header */
     uint64_t unix_time_ms;     /* header */
     bool restored;             /* header: prismd restored the job from its store before this segment */
+    bool gap_before;           /* header: records of the job were lost before this segment (a failed write) */
     char *job_id;              /* header (owned, NUL-terminated) */
     char *config_json;         /* header, config: the config as JSON text (owned, NUL-terminated) */
 } prism_trace_record;

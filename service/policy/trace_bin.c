@@ -85,6 +85,13 @@ static char *config_text(const prism_config *cfg, prism_error *err)
 prism_status prism_trace_bin_header(prism_buf *out, const char *job_id, uint64_t segment, uint64_t unix_time_ms,
                                     const prism_config *in_force, bool restored, prism_error *err)
 {
+    return prism_trace_bin_segment_header(out, job_id, segment, unix_time_ms, in_force, restored, false, err);
+}
+
+prism_status prism_trace_bin_segment_header(prism_buf *out, const char *job_id, uint64_t segment,
+                                            uint64_t unix_time_ms, const prism_config *in_force, bool restored,
+                                            bool gap_before, prism_error *err)
+{
     char *text = config_text(in_force, err);
     if (!text)
         return PRISM_ERR_NOMEM;
@@ -95,6 +102,7 @@ prism_status prism_trace_bin_header(prism_buf *out, const char *job_id, uint64_t
     h.unix_time_ms = unix_time_ms;
     h.config_json = text;
     h.restored = restored;
+    h.gap_before = gap_before;
     Prism__V1__TraceRecord rec = PRISM__V1__TRACE_RECORD__INIT;
     rec.record_case = PRISM__V1__TRACE_RECORD__RECORD_HEADER;
     rec.header = &h;
@@ -325,6 +333,7 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
         rec->segment = h->segment;
         rec->unix_time_ms = h->unix_time_ms;
         rec->restored = h->restored;
+        rec->gap_before = h->gap_before;
         rec->kind = PRISM_TRACE_HEADER;
         return PRISM_OK;
     }

@@ -24,6 +24,11 @@ bool prism_trace_is_binary(const char *data, size_t len);
 /* Writers: each appends one framed record. */
 prism_status prism_trace_bin_header(prism_buf *out, const char *job_id, uint64_t segment, uint64_t unix_time_ms,
                                     const prism_config *in_force, bool restored, prism_error *err);
+/* The same with gap_before: records of the job were lost before this segment (prismd's write
+ * failed); prism_trace_bin_header writes it false. */
+prism_status prism_trace_bin_segment_header(prism_buf *out, const char *job_id, uint64_t segment,
+                                            uint64_t unix_time_ms, const prism_config *in_force, bool restored,
+                                            bool gap_before, prism_error *err);
 /* The BF16 sizes the policy was given (ids[i] has bytes[i]). */
 prism_status prism_trace_bin_layout(prism_buf *out, const uint32_t *ids, const uint64_t *bytes, size_t n,
                                     prism_error *err);

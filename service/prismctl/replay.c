@@ -66,7 +66,9 @@ static void replay_usage(FILE *out)
             "(prismd bumps only at a decision; under another update_interval_steps, say, a bump at a\n"
             "step that is no longer a decision is not applied). A trace whose older segments were\n"
             "dropped, or that continues after a restart of prismd, replays with a note: its decisions\n"
-            "from there may differ from the live ones. Errors name the record and its byte offset.\n"
+            "from there may differ from the live ones; one whose segment numbers skip, or with a\n"
+            "header saying prismd lost records before it (a failed write), with a warning. Errors\n"
+            "name the record and its byte offset.\n"
             "A file that is text but not JSONL (its first non-blank byte not '{') gets the JSONL\n"
             "reader's message for its first line.\n\n"
             "JSONL trace lines:\n"
@@ -255,6 +257,10 @@ typedef struct replay {
     /* binary traces */
     uint64_t headers, configs_ignored, first_segment, last_segment;
     bool restored;
+    /* Holes in a binary trace: segment numbers that skip (segments missing between two), and
+     * headers saying prismd lost records before them; the first of each for the warning. */
+    uint64_t skips, skip_after, skip_to;
+    uint64_t losses, loss_segment;
 } replay;
 
 static prism_status nomem(prism_error *err)
@@ -494,6 +500,12 @@ static prism_status check_sweep(const replay_sweep *s, const prism_config *base,
 static prism_status apply_trace_config(replay *r, const replay_event *e, bool user_config, prism_error *err)
 {
     if (e->kind == REPLAY_HEADER) {
+        if (r->headers && e->step != r->last_segment + 1 && r->skips++ == 0) {
+            r->skip_after = r->last_segment;
+            r->skip_to = e->step;
+        }
+        if (e->gap_before && r->losses++ == 0)
+            r->loss_segment = e->step;
         if (r->headers++ == 0)
             r->first_segment = e->step;
         r->last_segment = e->step;
@@ -860,6 +872,17 @@ int prismctl_replay(int argc, char **argv)
         if (r.configs_ignored)
             fprintf(stderr, "prismctl replay: --config given: the trace's %llu configs (headers and PATCHes) "
                             "were ignored\n", (unsigned long long)r.configs_ignored);
+        if (r.skips)
+            fprintf(stderr, "prismctl replay: warning: the trace's segment numbers skip %llu time%s (the first: "
+                            "segment %llu follows segment %llu): records in between are missing; decisions from "
+                            "there may differ from the live ones\n",
+                    (unsigned long long)r.skips, r.skips == 1 ? "" : "s", (unsigned long long)r.skip_to,
+                    (unsigned long long)r.skip_after);
+        if (r.losses)
+            fprintf(stderr, "prismctl replay: warning: prismd lost records of the job before %llu segment%s (a "
+                            "failed write; the first: segment %llu); decisions from there may differ from the "
+                            "live ones\n", (unsigned long long)r.losses, r.losses == 1 ? "" : "s",
+                    (unsigned long long)r.loss_segment);
         if (r.headers && (r.first_segment > 1 || r.restored))
             fprintf(stderr, "prismctl replay: note: the trace %s; decisions from there may differ from the live "
                             "ones\n", r.first_segment > 1 ? "starts after older segments were dropped"

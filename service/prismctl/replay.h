@@ -24,6 +24,7 @@ typedef struct replay_event {
     bool has_loss;
     bool version_bumped;  /* step: prismd followed its decision with a new map version */
     bool restored;        /* header */
+    bool gap_before;      /* header: prismd lost records of the job before this segment */
     prism_precision format; /* calibration */
     uint32_t rank;        /* JSONL step: the rank as written; binary step: ranks merged into it */
     uint64_t step;        /* step; header: segment */

@@ -408,6 +408,7 @@ static prism_status add_event(replay_trace *t, const prism_trace_record *rec, ui
         e->kind = rec->kind == PRISM_TRACE_HEADER ? REPLAY_HEADER : REPLAY_CONFIG;
         e->step = rec->segment;
         e->restored = rec->restored;
+        e->gap_before = rec->gap_before;
         break;
     }
     case PRISM_TRACE_BLANK:

@@ -38,6 +38,28 @@ static size_t gather(char *data, size_t size, size_t n, void *ctx)
     return add;
 }
 
+int prismctl_url(char *out, size_t len, const char *server, const char *path)
+{
+    size_t n = strlen(server);
+    while (n > 0 && server[n - 1] == '/')
+        n--;
+    return snprintf(out, len, "%.*s%s", (int)(n < 4096 ? n : 4096), server, path);
+}
+
+bool prismctl_job_id_valid(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > 128)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0 || (c != '-' && c != '_' && c != '.')))
+            return false;
+    }
+    return true;
+}
+
 /* One request; returns false (with a message printed) when no answer came back. */
 static bool request(const client *c, const char *method, const char *path, const char *body, response *r)
 {
@@ -48,7 +70,7 @@ static bool request(const client *c, const char *method, const char *path, const
         return false;
     }
     char url[2048];
-    snprintf(url, sizeof url, "%s%s", c->server, path);
+    prismctl_url(url, sizeof url, c->server, path);
     struct curl_slist *headers = NULL;
     char auth[1024];
     if (c->token) {

@@ -56,9 +56,10 @@ static void trace_usage(FILE *out)
             "length-delimited prism.v1.TraceRecord messages. `prismctl replay FILE` replays it and prints\n"
             "the telemetry prismd wrote (DESIGN 4.6). prismd keeps the newest --trace-max-bytes of it.\n\n"
             "  -o, --output FILE   write the trace to FILE (written as FILE.part, renamed when complete);\n"
-            "                      without it the trace goes to stdout, which must not be a terminal\n"
-            "  --server URL        prismd's HTTP address (also --url); default $PRISM_SERVER or\n"
-            "                      http://127.0.0.1:8080\n"
+            "                      without it, or with -o -, the trace goes to stdout, which must not be a\n"
+            "                      terminal\n"
+            "  --server URL        prismd's HTTP address (also --url; a trailing '/' is dropped); default\n"
+            "                      $PRISM_SERVER or http://127.0.0.1:8080\n"
             "  --token TOKEN       the job's or the admin token, default $PRISM_TOKEN (needed when prismd\n"
             "                      runs with --require-read-token)\n\n"
             "Exit status: 0 written, 1 prismd could not be reached or the file could not be written,\n"
@@ -115,10 +116,13 @@ int prismctl_trace(int argc, char **argv)
         trace_usage(stderr);
         return 2;
     }
-    if (strchr(job, '/') || strchr(job, '?') || strchr(job, '#') || strchr(job, '%')) {
-        fprintf(stderr, "prismctl trace: \"%s\" is not a job id (no '/', '?', '#' or '%%')\n", job);
+    if (!prismctl_job_id_valid(job)) {
+        fprintf(stderr, "prismctl trace: \"%.128s%s\" is not a job id (1 to 128 letters, digits, '-', '_' or '.', "
+                        "starting with a letter or digit)\n", job, strlen(job) > 128 ? "..." : "");
         return 2;
     }
+    if (output && strcmp(output, "-") == 0)
+        output = NULL; /* -o -: stdout */
     if (!output && isatty(STDOUT_FILENO)) {
         fprintf(stderr, "prismctl trace: the trace is binary and stdout is a terminal: redirect stdout or use -o "
                         "FILE\n");
@@ -142,7 +146,9 @@ int prismctl_trace(int argc, char **argv)
     }
     d->out = out;
     char url[4096], auth[1024];
-    snprintf(url, sizeof url, "%s/v1/jobs/%s/trace", server, job);
+    char path[256];
+    snprintf(path, sizeof path, "/v1/jobs/%s/trace", job);
+    prismctl_url(url, sizeof url, server, path);
     struct curl_slist *headers = NULL;
     if (token) {
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);

@@ -652,7 +652,9 @@ static void trace_done(void *cls)
 }
 
 /* The job's binary trace (DESIGN 4.6): every segment, oldest first, each cut at its last whole
- * record, streamed a chunk at a time (trace_files.h). A job with no trace yet: 200, empty. */
+ * record, streamed a chunk at a time (trace_files.h). A job with no trace yet: 200, empty. A trace
+ * that cannot be read whole: 500 (503 when prismd is out of file descriptors), never a 200 with a
+ * hole in it. */
 static void get_trace(prismd_rest *r, const prismd_snap_job *j, prismd_answer *a)
 {
     if (!prismd_streamed_answer_acquire(r->mem)) {
@@ -660,10 +662,16 @@ static void get_trace(prismd_rest *r, const prismd_snap_job *j, prismd_answer *a
                      "(--max-streamed-answers); try again", r->mem->max_streamed_answers);
         return;
     }
-    prismd_trace_reader *reader = prismd_trace_reader_open(r->data_dir, j->id);
-    if (!reader) {
+    prismd_trace_reader *reader;
+    prism_error err;
+    prism_status st = prismd_trace_reader_open(r->data_dir, j->id, &reader, &err);
+    if (st) {
         prismd_streamed_answer_release();
-        answer_error(a, 500, "internal", "out of memory");
+        if (st == PRISM_ERR_UNAVAILABLE)
+            answer_error(a, 503, "unavailable", "job %s's trace cannot be read now: %s; try again", j->id,
+                         err.message);
+        else
+            answer_error(a, 500, "internal", "job %s's trace cannot be read: %s", j->id, err.message);
         return;
     }
     a->status = 200;

@@ -203,20 +203,22 @@ class TraceRecordTest(unittest.TestCase):
         status, ctype, trace = get_trace(prismd, "job-t")
         self.assertEqual((status, ctype), (200, "application/x-prism-trace"))
         records = decode(trace)
-        # The segment's start (header; the first Hello's layout, which started it), the second
-        # Hello's layout, the calibration report, 8 merged steps, the PATCH, 8 more steps.
-        self.assertEqual(kinds(records), ["header", "layout", "layout", "calibration"] + ["step"] * 8 +
+        # The segment's start (header; the layout the policy holds, the first Hello's), the first
+        # Hello's layout record (it started the segment and follows its start), the second Hello's,
+        # the calibration report, 8 merged steps, the PATCH, 8 more steps.
+        self.assertEqual(kinds(records), ["header", "layout", "layout", "layout", "calibration"] + ["step"] * 8 +
                          ["config_json"] + ["step"] * 8)
         h = records[0].header
-        self.assertEqual((h.trace_version, h.job_id, h.segment, h.restored), (1, "job-t", 1, False))
+        self.assertEqual((h.trace_version, h.job_id, h.segment, h.restored, h.gap_before),
+                         (1, "job-t", 1, False, False))
         self.assertEqual(json.loads(h.config_json), json.loads(config_before))
-        for r in records[1:3]:
+        for r in records[1:4]:
             self.assertEqual([(b.id, b.param_bytes_bf16) for b in r.layout.blocks],
                              [(0, 1000), (1, 2000), (2, 3000), (3, 4000)])
-        cal = records[3].calibration
+        cal = records[4].calibration
         self.assertEqual((cal.format, [(e.block_id, e.relative_error) for e in cal.errors]),
                          (pb.INT8, list(enumerate(errors))))
-        self.assertEqual(json.loads(records[12].config_json), patched)
+        self.assertEqual(json.loads(records[13].config_json), patched)
         steps = [r.step for r in records if r.WhichOneof("record") == "step"]
         self.assertEqual([s.merged.step for s in steps], list(range(1, 17)))
         for s in steps:
@@ -235,7 +237,7 @@ class TraceRecordTest(unittest.TestCase):
             self.assertEqual(f.read(), trace)
         self.assertEqual(trace_counters(prismd), {
             "prism_trace_bytes_written_total": len(trace),
-            'prism_trace_records_total{kind="header"}': 1, 'prism_trace_records_total{kind="layout"}': 2,
+            'prism_trace_records_total{kind="header"}': 1, 'prism_trace_records_total{kind="layout"}': 3,
             'prism_trace_records_total{kind="calibration"}': 1, 'prism_trace_records_total{kind="config"}': 1,
             'prism_trace_records_total{kind="step"}': 16, "prism_trace_segments_dropped_total": 0,
             "prism_trace_write_errors_total": 0})
@@ -333,19 +335,26 @@ class TraceRecordTest(unittest.TestCase):
         status, _, trace = get_trace(prismd, "job-k")
         self.assertEqual((status, trace[:len(before)]), (200, before))
         records = decode(trace)
-        # The second segment: a restored header, the layout the restored policy holds (the Hello
-        # that started the segment is in it), then the steps after the restart.
-        self.assertEqual(kinds(records), ["header", "layout"] + ["step"] * 4 + ["header", "layout"] + ["step"] * 4)
+        # Each segment: its header, the layout its policy holds, the Hello's layout that started
+        # it, the steps; the second's header says restored.
+        segment = ["header", "layout", "layout"] + ["step"] * 4
+        self.assertEqual(kinds(records), segment + segment)
         self.assertEqual([(r.header.segment, r.header.restored) for r in records if r.WhichOneof("record") == "header"],
                          [(1, False), (2, True)])
-        self.assertEqual([(x.id, x.param_bytes_bf16) for x in records[7].layout.blocks], [(0, 500), (1, 500), (2, 500)])
+        for r in records[8:10]:
+            self.assertEqual([(x.id, x.param_bytes_bf16) for x in r.layout.blocks], [(0, 500), (1, 500), (2, 500)])
         path = os.path.join(prismd.dir, "restart.trace")
         with open(path, "wb") as f:
             f.write(trace)
         p = self.replay(path)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn(b"continues after prismd restored the job", p.stderr)
-        # The restored policy kept its windows in the store, and the replay its own: the same decisions.
+        # The same decisions: the kill -9 came right after the decision at step 4 was written
+        # (telemetry_records waited for it), and prismd saves a job's policy state with each
+        # decision, so the store held every step the trace holds and the restored policy went on
+        # from the state the replay reaches at the end of segment 1. A kill between two decisions
+        # would lose the steps since the last one from the store (not from the trace), and the
+        # replay could then differ: that is what the note on stderr is for.
         replayed = [line for line in p.stdout.decode().split("\n") if line]
         self.assertEqual([without_timestamp(line) for line in replayed], [without_timestamp(line) for line in telemetry])
 
@@ -386,10 +395,25 @@ class TraceRecordTest(unittest.TestCase):
         self.assertEqual(trace_counters(prismd)["prism_trace_write_errors_total"], 2)
         status, _, trace = get_trace(prismd, "job-w")
         records = decode(trace)
-        self.assertEqual([r.header.segment for r in records if r.WhichOneof("record") == "header"], [1, 2, 5])
+        # Segment 5's header says records were lost before it (those of segments 3 and 4).
+        headers = [(r.header.segment, r.header.restored, r.header.gap_before) for r in records
+                   if r.WhichOneof("record") == "header"]
+        self.assertEqual(headers, [(1, False, False), (2, False, False), (5, False, True)])
         steps = [r.step.merged.step for r in records if r.WhichOneof("record") == "step"]
         self.assertEqual(steps, sorted(steps))
         self.assertEqual(steps[-1], state["step"])
+        # The replay warns of both: the numbers skip from 2 to 5, and segment 5 follows lost records.
+        path = os.path.join(prismd.dir, "gap.trace")
+        with open(path, "wb") as f:
+            f.write(trace)
+        p = self.replay(path)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        err = p.stderr.decode().split("\n")
+        self.assertIn("prismctl replay: warning: the trace's segment numbers skip 1 time (the first: segment 5 follows "
+                      "segment 2): records in between are missing; decisions from there may differ from the live ones",
+                      err)
+        self.assertIn("prismctl replay: warning: prismd lost records of the job before 1 segment (a failed write; the "
+                      "first: segment 5); decisions from there may differ from the live ones", err)
 
     def test_jobs_without_a_trace_unknown_jobs_and_terminals(self):
         prismd = self.start()

@@ -817,7 +817,7 @@ static void test_field_numbers_match_the_published_contract(void)
         {&prism__v1__watch_request__descriptor, "job_id=1 after_version=2"},
         /* the binary trace (DESIGN 4.6): files users keep, read by later prismctl versions */
         {&prism__v1__trace_header__descriptor,
-         "trace_version=1 job_id=2 segment=3 unix_time_ms=4 config_json=5 restored=6"},
+         "trace_version=1 job_id=2 segment=3 unix_time_ms=4 config_json=5 restored=6 gap_before=7"},
         {&prism__v1__trace_step__descriptor, "merged=1 ranks=2 map_version_bumped=3"},
         {&prism__v1__trace_record__descriptor, "header=1 layout=2 calibration=3 config_json=4 step=5"},
     };
