@@ -75,13 +75,15 @@ static prism_status get_number(const json_t *obj, const char *key, const char *w
     return PRISM_OK;
 }
 
-static prism_status reserve(void **arr, size_t *cap, size_t need, size_t size, prism_error *err)
+prism_status prism_trace_reserve(void **arr, size_t *cap, size_t need, size_t size, prism_error *err)
 {
     if (*cap >= need)
         return PRISM_OK;
     size_t ncap = *cap ? *cap : 64;
-    while (ncap < need)
+    while (ncap < need && ncap <= SIZE_MAX / 2)
         ncap *= 2;
+    if (ncap < need || ncap > SIZE_MAX / size)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
     void *n = realloc(*arr, ncap * size);
     if (!n)
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
@@ -145,7 +147,7 @@ static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_
     if (!json_is_array(blocks))
         return prism_error_set(err, PRISM_ERR_INVALID, "blocks: expected an array, got %s", prism_json_kind(blocks));
     size_t n = json_array_size(blocks);
-    if ((st = reserve((void **)&r->blocks, &r->cap_blocks, n, sizeof *r->blocks, err)))
+    if ((st = prism_trace_reserve((void **)&r->blocks, &r->cap_blocks, n, sizeof *r->blocks, err)))
         return st;
     for (size_t i = 0; i < n; i++) {
         const json_t *b = json_array_get(blocks, i);
@@ -202,7 +204,8 @@ static prism_status parse_calibration(const json_t *root, prism_trace_record *r,
     if (!json_is_object(errors))
         return prism_error_set(err, PRISM_ERR_INVALID, "calibration.errors: expected an object, got %s",
                                prism_json_kind(errors));
-    if ((st = reserve((void **)&r->entries, &r->cap_entries, json_object_size(errors), sizeof *r->entries, err)))
+    if ((st = prism_trace_reserve((void **)&r->entries, &r->cap_entries, json_object_size(errors),
+                                  sizeof *r->entries, err)))
         return st;
     size_t n = 0;
     const char *key;
@@ -240,7 +243,7 @@ static prism_status parse_layout(const json_t *root, prism_trace_record *r, pris
     if (!json_is_array(blocks))
         return prism_error_set(err, PRISM_ERR_INVALID, "layout.blocks: expected an array");
     size_t n = json_array_size(blocks);
-    if ((st = reserve((void **)&r->entries, &r->cap_entries, n, sizeof *r->entries, err)))
+    if ((st = prism_trace_reserve((void **)&r->entries, &r->cap_entries, n, sizeof *r->entries, err)))
         return st;
     for (size_t i = 0; i < n; i++) {
         const json_t *b = json_array_get(blocks, i);

@@ -54,6 +54,9 @@ void prism_trace_record_free(prism_trace_record *r);
  * expected a number >= 0"; the caller adds the file and line. */
 prism_status prism_trace_parse_line(const char *line, size_t len, prism_trace_record *r, prism_error *err);
 
+/* Grows *arr (of *cap elements of size bytes) to hold at least need elements: doubling from 64. */
+prism_status prism_trace_reserve(void **arr, size_t *cap, size_t need, size_t size, prism_error *err);
+
 /* "blocks[I].id: block B appears twice in this line" when a block id repeats. */
 prism_status prism_trace_check_unique_ids(const prism_block_stats *blocks, size_t n, prism_error *err);
 

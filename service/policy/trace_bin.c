@@ -244,21 +244,6 @@ void prism_trace_bin_reader_init(prism_trace_bin_reader *r, const void *data, si
     r->records = 0;
 }
 
-static prism_status reserve(void **arr, size_t *cap, size_t need, size_t size, prism_error *err)
-{
-    if (*cap >= need)
-        return PRISM_OK;
-    size_t ncap = *cap ? *cap : 64;
-    while (ncap < need)
-        ncap *= 2;
-    void *n = realloc(*arr, ncap * size);
-    if (!n)
-        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
-    *arr = n;
-    *cap = ncap;
-    return PRISM_OK;
-}
-
 static prism_status set_text(char **dst, const char *src, prism_error *err)
 {
     free(*dst);
@@ -345,7 +330,8 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
         return PRISM_OK;
     case PRISM__V1__TRACE_RECORD__RECORD_LAYOUT: {
         const Prism__V1__ModelLayout *l = m->layout;
-        if ((st = reserve((void **)&rec->entries, &rec->cap_entries, l->n_blocks, sizeof *rec->entries, err)))
+        if ((st = prism_trace_reserve((void **)&rec->entries, &rec->cap_entries, l->n_blocks, sizeof *rec->entries,
+                                      err)))
             return st;
         for (size_t i = 0; i < l->n_blocks; i++) {
             if (l->blocks[i]->param_bytes_bf16 > INT64_MAX)
@@ -362,7 +348,8 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
         if (!format_is_low((int)c->format))
             return prism_error_set(err, PRISM_ERR_INVALID, "calibration.format: %d is not a low precision",
                                    (int)c->format);
-        if ((st = reserve((void **)&rec->entries, &rec->cap_entries, c->n_errors, sizeof *rec->entries, err)))
+        if ((st = prism_trace_reserve((void **)&rec->entries, &rec->cap_entries, c->n_errors, sizeof *rec->entries,
+                                      err)))
             return st;
         for (size_t i = 0; i < c->n_errors; i++) {
             double e = c->errors[i]->relative_error;
@@ -386,7 +373,7 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
         if (r->step > PRISM_STEP_MAX)
             return prism_error_set(err, PRISM_ERR_INVALID, "step.merged.step: %llu is out of range",
                                    (unsigned long long)r->step);
-        if ((st = reserve((void **)&rec->blocks, &rec->cap_blocks, r->n_blocks, sizeof *rec->blocks, err)))
+        if ((st = prism_trace_reserve((void **)&rec->blocks, &rec->cap_blocks, r->n_blocks, sizeof *rec->blocks, err)))
             return st;
         for (size_t i = 0; i < r->n_blocks; i++) {
             const Prism__V1__BlockGradStats *b = r->blocks[i];
