@@ -750,5 +750,8 @@ def attach(blocks, **kwargs):
     return Attachment(blocks, **kwargs)
 
 
-__all__ = ["Attachment", "attach", "default_state_bytes", "fake_quantize", "low_input", "low_linear", "low_weight",
-           "measure_costs", "PRECISIONS"]
+# The DDP communication hook (DESIGN 10 inside PyTorch): python/prism/ddp.py.
+from .ddp import QuantizedAllReduceState, quantized_allreduce, quantized_allreduce_hook  # noqa: E402
+
+__all__ = ["Attachment", "QuantizedAllReduceState", "attach", "default_state_bytes", "fake_quantize", "low_input",
+           "low_linear", "low_weight", "measure_costs", "PRECISIONS", "quantized_allreduce", "quantized_allreduce_hook"]
