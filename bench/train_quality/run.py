@@ -109,7 +109,8 @@ class Run:
         self.dir = os.path.join(args.out, "runs", cfg["name"])
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
-        self.procs = []
+        self.procs = []  # every process started, stopped in reverse order
+        self.services = []  # prismd and the agents: none may exit while the ranks train
         self.static_low = static_low
         self.forced = []
         self.http = None
@@ -152,17 +153,19 @@ class Run:
             json.dump(self.policy(self.settings["layers"]), f, indent=1)
         grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
-        self.spawn([os.path.join(b, "service", "prismd"), "--grpc-listen", grpc, "--http-listen", self.http,
-                    "--data-dir", os.path.join(self.dir, "prismd-data"), "--config", config], "prismd.log")
+        self.services.append(self.spawn(
+            [os.path.join(b, "service", "prismd"), "--grpc-listen", grpc, "--http-listen", self.http,
+             "--data-dir", os.path.join(self.dir, "prismd-data"), "--config", config], "prismd.log"))
         bounded_wait("prismd ready", lambda: self.alive() and http_get(self.http, "/readyz")[0] == 200, 60)
         for r in range(self.args.world):
-            self.spawn([os.path.join(b, "agent", "prism-agent"), "--prismd", grpc, "--dir",
-                        os.path.join(self.dir, f"agent{r}"), "--metrics-listen", f"127.0.0.1:{free_port()}",
-                        "--device", "cpu", "--profile-budget-ms", "100", "--backoff-initial-ms", "50",
-                        "--backoff-max-ms", "400"], f"agent{r}.log")
+            self.services.append(self.spawn(
+                [os.path.join(b, "agent", "prism-agent"), "--prismd", grpc, "--dir",
+                 os.path.join(self.dir, f"agent{r}"), "--metrics-listen", f"127.0.0.1:{free_port()}",
+                 "--device", "cpu", "--profile-budget-ms", "100", "--backoff-initial-ms", "50",
+                 "--backoff-max-ms", "400"], f"agent{r}.log"))
 
     def alive(self):
-        dead = [p for p in self.procs if p.poll() is not None]
+        dead = [p for p in self.services if p.poll() is not None]
         if dead:
             raise RuntimeError(f"{self.cfg['name']}: {dead[0].args[0]} exited with {dead[0].returncode} "
                                f"(logs in {self.dir})")
