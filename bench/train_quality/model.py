@@ -1,7 +1,7 @@
 """A byte-level GPT-style language model (pre-LayerNorm decoder, learned positions, GELU MLP of
 4x the width), written for this experiment. Each transformer block is one Prism block
 (`model.blocks`); the byte embedding, the position embedding and the final LayerNorm + head are
-not blocks (with 256 symbols they are about 1.5% of the parameters of the experiment's model)."""
+not blocks (with 256 symbols they are 2.5% of the parameters of the experiment's model)."""
 
 import math
 

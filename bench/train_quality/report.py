@@ -84,6 +84,39 @@ def findings(results):
     return out
 
 
+def _num(v, fmt="{:.1f}"):
+    return "–" if v is None else fmt.format(v)
+
+
+def sweep_table(doc):
+    """The sweep over prism-int8's trace next to what the live run did, or a line saying why
+    there is none."""
+    sw = doc.get("sweep")
+    if not sw:
+        return [f"No sweep over the recorded prism-int8 run: {doc.get('no_sweep') or 'not run'}."]
+    keys = list(sw["live"])
+    lines = [f"The sweep over prism-int8's recorded trace (`{sw['command']}`, from {os.path.dirname(sw['trace'])}): "
+             "each line is the policy replayed offline under that config over the same recorded steps; "
+             "saving as prismd estimates it (50% of a low block's BF16 bytes), at the end and averaged over "
+             "the steps (0 before the first decision). The row marked live is the config the real run used.", "",
+             "| | " + " | ".join(keys) + " | saving at the end | saving averaged | switches | blocks switched 2+ "
+             "| first decision step |",
+             "| --- | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | ---: | ---: | ---: |"]
+    for row in sw["rows"]:
+        cfg = row["config"]
+        live = all(float(cfg.get(k)) == float(sw["live"][k]) for k in keys if sw["live"][k] is not None)
+        vals = " | ".join(str(cfg.get(k)) for k in keys)
+        lines.append(f"| {'live' if live else ''} | {vals} | {_num(row.get('saving_end_pct'))}% "
+                     f"| {_num(row.get('saving_avg_pct'))}% | {row.get('switches')} "
+                     f"| {row.get('blocks_switched_more_than_once')} | {_num(row.get('first_decision_step'), '{}')} |")
+    p = doc["configs"].get("prism-int8")
+    if p:
+        lines += ["", f"The live prism-int8 run: transfer saving {p['transfer_saving_pct']:.1f}% averaged over the "
+                  f"trainer's steps (the map in effect at each step, so one apply_lag later than the decisions), "
+                  f"{p['final_low_blocks']} of {len(p['final_precisions'])} blocks low at the end."]
+    return lines
+
+
 def section(results, settings, generated, machine):
     any_r = next(iter(results.values()))
     m, c = any_r["model"], any_r["corpus"]
@@ -98,8 +131,7 @@ def section(results, settings, generated, machine):
              f"{settings['eval_windows']} windows).", "",
              table(results, settings), "", "![held-out loss against step](loss.png)", ""]
     lines += findings(results)
-    lines += ["", RESULTS_END]
-    return "\n".join(lines)
+    return lines
 
 
 def write(out_dir, doc, readme=None):
@@ -108,7 +140,8 @@ def write(out_dir, doc, readme=None):
     if not results:
         return
     plot.loss_png(os.path.join(out_dir, "loss.png"), [(n, r["evals"]) for n, r in results.items()])
-    text = section(results, settings, doc["generated"], doc["machine"])
+    text = "\n".join(section(results, settings, doc["generated"], doc["machine"]) + [""] + sweep_table(doc)
+                     + ["", RESULTS_END])
     if readme is None:
         with open(os.path.join(out_dir, "results.md"), "w") as f:
             f.write(text + "\n")

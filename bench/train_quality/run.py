@@ -72,6 +72,12 @@ SMOKE_POLICY = {"warmup_steps": 2, "update_interval_steps": 2, "history_window":
                 "apply_lag_steps": 1, "step_timeout_ms": 30000, "calibration_samples": 1,
                 "bf16_threshold": 0.99, "int8_threshold": 0.98, "hysteresis_margin": 0.0}
 SMOKE_WAIT_AT = 5  # the smoke run's trainers wait at this step until a map is in effect
+# The sweep over prism-int8's recorded trace (prismctl replay --sweep): the policy's thresholds
+# around policy.json's values (which are in the grid: the live run's config).
+SWEEP = [("bf16_threshold", "0.5,0.6,0.7"), ("int8_threshold", "0.2,0.3,0.4"),
+         ("grad_sensitivity_threshold", "1.5,2,3")]
+# The smoke test's: each value valid with SMOKE_POLICY's other threshold, SMOKE_POLICY's in it.
+SMOKE_SWEEP = [("bf16_threshold", "0.99,1"), ("int8_threshold", "0.5,0.98")]
 
 
 def free_port():
@@ -149,8 +155,9 @@ class Run:
         """prismd with this configuration's policy, and one prism-agent per rank."""
         b = self.args.build_dir
         config = os.path.join(self.dir, "prismd-config.json")
+        self.policy_doc = self.policy(self.settings["layers"])
         with open(config, "w") as f:
-            json.dump(self.policy(self.settings["layers"]), f, indent=1)
+            json.dump(self.policy_doc, f, indent=1)
         grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
         self.services.append(self.spawn(
@@ -187,7 +194,8 @@ class Run:
                 if s[key] is not None:
                     argv += ["--" + key.replace("_", "-"), str(s[key])]
             if cfg["prism"]:
-                argv += ["--agent-dir", os.path.join(self.dir, f"agent{r}"), "--low", cfg["low"]]
+                argv += ["--agent-dir", os.path.join(self.dir, f"agent{r}"), "--low", cfg["low"],
+                         "--calibrate-at", str(max(0, self.policy_doc.get("warmup_steps", 10) - 10))]
                 if self.args.smoke:
                     argv += ["--wait-map-at", str(SMOKE_WAIT_AT)]
             if cfg["hook"]:
@@ -289,6 +297,44 @@ def summarize(cfg, ranks, settings, prismd, static_low, forced):
     return out
 
 
+def sweep(args, results):
+    """(the sweep of SWEEP over prism-int8's binary trace by prismctl replay --sweep, None) or
+    (None, why there is none)."""
+    r = results.get("prism-int8")
+    trace = (r.get("prismd") or {}).get("trace") if r else None
+    if not trace:
+        return None, "prism-int8 has no recorded trace (this prismd records none, or prism-int8 did not run)"
+    prismctl = os.path.join(args.build_dir, "service", "prismctl")
+    if not os.path.exists(prismctl):
+        return None, f"no {prismctl}"
+    helped = subprocess.run([prismctl, "replay", "--help"], capture_output=True, text=True, timeout=60)
+    if "--sweep" not in helped.stdout + helped.stderr:
+        return None, "this prismctl has no replay --sweep"
+    grid = SMOKE_SWEEP if args.smoke else SWEEP
+    argv = ["prismctl", "replay", "--format", "json"]
+    for key, values in grid:
+        argv += ["--sweep", f"{key}={values}"]
+    argv.append(trace)
+    proc = subprocess.run([prismctl] + argv[1:], capture_output=True, text=True, timeout=600, cwd=args.out)
+    if proc.returncode != 0:
+        return None, f"prismctl replay --sweep exited with {proc.returncode}: {proc.stderr.strip()[-500:]}"
+    rows = []
+    for line in proc.stdout.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "config" in row:
+            rows.append(row)
+    if args.smoke:
+        live = SMOKE_POLICY
+    else:
+        with open(POLICY_FILE) as f:
+            live = json.load(f)
+    return {"command": " ".join(argv), "trace": trace, "live": {k: live.get(k) for k, _ in grid},
+            "rows": rows}, None
+
+
 def settings_key(s):
     return {k: s[k] for k in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
                               "eval_windows", "max_files", "seed")}
@@ -331,7 +377,8 @@ def parse_args(argv=None):
                     help="the README whose table is rewritten (default: OUT/README.md when OUT is this folder)")
     ap.add_argument("--configs", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--smoke", action="store_true", help="the CI smoke test's tiny settings")
-    ap.add_argument("--report-only", action="store_true", help="rewrite loss.png and the README table only")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite the sweep, loss.png and the README section from results.json only")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--static-low", type=int, default=None,
                     help="blocks the static plans put low when prism-int8 has no result (default: half)")
@@ -404,17 +451,20 @@ def main(argv=None):
             print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             write_results(results_path, settings, results)
-    doc = write_results(results_path, settings, results)
+    swept, why = sweep(args, results)
+    if swept is None:
+        print(f"run.py: no sweep: {why}", file=sys.stderr)
+    doc = write_results(results_path, settings, results, swept, why)
     report.write(args.out, doc, args.readme)
     if failures:
         sys.exit(f"run.py: failed: {', '.join(failures)}")
 
 
-def write_results(path, settings, results):
+def write_results(path, settings, results, swept=None, why=None):
     ordered = {c["name"]: results[c["name"]] for c in CONFIGS if c["name"] in results}
     doc = {"generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine(), "settings": settings_key(settings), "last_evals": settings["last_evals"],
-           "configs": ordered}
+           "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)

@@ -15,8 +15,8 @@ configuration changes:
                    weights (Prism's block transfer: BF16 -> the low format -> BF16) for forward
                    and backward; the optimizer updates the full-precision weights (end_step puts
                    them back); gradient statistics go to prismd every step; calibration runs once
-                   when prismd asks for it. Which blocks are low is prismd's business (its config:
-                   dynamic policy, or blocks forced low).
+                   when prismd asks for it (from step --calibrate-at on). Which blocks are low is
+                   prismd's business (its config: dynamic policy, or blocks forced low).
   --hook WIRE      DDP's gradient all-reduce replaced by prism.torch.quantized_allreduce_hook with
                    that wire format ("map": each block's format in the current map).
 
@@ -80,6 +80,10 @@ def parse_args(argv=None):
     ap.add_argument("--eval-windows", type=int, default=128, help="held-out windows (split between the ranks)")
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--calib-batch", type=int, default=8, help="sequences per calibration forward pass")
+    ap.add_argument("--calibrate-at", type=int, default=0,
+                    help="calibrate at the first step from this one at which prismd wants it (run.py: 10 steps "
+                         "before the policy's first decision; an untrained model's blocks barely change the "
+                         "residual stream, and their errors measure ~0)")
     ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each split")
     ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads per rank")
     ap.add_argument("--wait-map-at", type=int, default=-1,
@@ -229,7 +233,7 @@ def main(argv=None):
         low_blocks_steps += len(low)
         low_share_sum += sum(block_bytes[i] for i in low) / sum(block_bytes)
         saving_sum += sum(block_bytes[i] * LOW_SAVING[precisions[i]] for i in low) / sum(block_bytes)
-        if pt is not None and calibration is None and pt.calibration_wanted():
+        if pt is not None and calibration is None and step >= args.calibrate_at and pt.calibration_wanted():
             t_cal = time.monotonic()
             with autocast():
                 errors = pt.calibrate(lambda: model(*corpus.train_batch(train, calib_gen, args.calib_batch,

@@ -170,6 +170,28 @@ class TrainQualitySmokeTest(unittest.TestCase):
         # The same gradients' BF16 figure whichever way they went.
         self.assertEqual(self.results["fp8hook"]["wire"]["bf16_bytes"], self.results["bf16"]["wire"]["bf16_bytes"])
 
+    def test_sweep_over_the_recorded_run_or_why_not(self):
+        sw = self.doc["sweep"]
+        if sw is None:
+            # A prismd that records no trace, or a prismctl without replay --sweep: said so.
+            self.assertRegex(self.doc["no_sweep"], "no recorded trace|no replay --sweep")
+            return
+        self.assertEqual(sw["trace"], os.path.join("runs", "prism-int8", "trace.ptrace"))
+        grid = [[float(v) for v in values.split(",")] for _, values in run.SMOKE_SWEEP]
+        self.assertEqual(len(sw["rows"]), len(grid[0]) * len(grid[1]))
+        self.assertEqual([[float(r["config"][k]) for k, _ in run.SMOKE_SWEEP] for r in sw["rows"]],
+                         [[a, b] for a in grid[0] for b in grid[1]])
+        # The live config replayed offline decides as prismd did live: its last saving and its
+        # switches are those of prismd's telemetry of the run.
+        with open(os.path.join(self.dir, "runs", "prism-int8", "telemetry.jsonl")) as f:
+            telemetry = [json.loads(line) for line in f]
+        live = [r for r in sw["rows"] if all(float(r["config"][k]) == float(run.SMOKE_POLICY[k])
+                                             for k, _ in run.SMOKE_SWEEP)]
+        self.assertEqual(len(live), 1)
+        self.assertEqual(live[0]["saving_end_pct"], telemetry[-1]["estimated_bandwidth_saving_pct"])
+        self.assertEqual(live[0]["switches"], sum(t["precision_changes"] for t in telemetry))
+        self.assertEqual(live[0]["first_decision_step"], telemetry[0]["step_id"])
+
     def test_plot_and_readme_section_written(self):
         self.assertEqual(png_size(os.path.join(self.dir, "loss.png")), (1500, 760))
         with open(self.readme) as f:
