@@ -50,11 +50,11 @@ def findings(results):
             continue
         d = pct_vs(r["held_out_loss"], b)
         low_ok = r["low_share"] >= LOW_TARGET
-        loss_ok = abs(d) <= LOSS_TARGET_PCT or d < 0
+        loss_ok = d <= LOSS_TARGET_PCT
         out.append(f"- {name}: {100 * r['low_share']:.1f}% of block bytes low over the run "
                    f"({'meets' if low_ok else 'misses'} the 40% target), {r['final_low_blocks']} of "
                    f"{len(r['final_precisions'])} blocks low at the end; held-out loss {d:+.2f}% against bf16 "
-                   f"({'within' if loss_ok else 'outside'} 0.5%).")
+                   f"({'meets' if loss_ok else 'misses'} the target of at most 0.5% above bf16).")
     p = results.get("prism-int8")
     statics = [results[n] for n in ("static-first", "static-random") if n in results]
     if p and statics:

@@ -11,8 +11,8 @@ configuration with Prism gets a real prismd (its own data directory and config) 
 prism-agent per rank. Logs, prismd's data (telemetry, trace) and each rank's results stay in
 OUT/runs/NAME/ (git-ignored). --configs runs some of them: results of the others already in
 OUT/results.json are kept when they were made with the same settings (steps, model, batch, seed,
-corpus), so a long run can be done in pieces. --report-only rewrites the plot and the table from
-results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
+corpus), so a long run can be done in pieces; results of other settings are not replaced
+without --fresh. --report-only rewrites the sweep, the plot and the table from results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
 configuration; see tests/integration/test_train_quality.py)."""
 
 import argparse
@@ -35,7 +35,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
-import plot  # noqa: E402
 import report  # noqa: E402
 
 # Every configuration (the issue's list, in the order they run: static plans take their block
@@ -77,6 +76,7 @@ SMOKE_WAIT_AT = 5  # the smoke run's trainers wait at this step until a map is i
 SWEEP = [("bf16_threshold", "0.5,0.6,0.7"), ("int8_threshold", "0.2,0.3,0.4"),
          ("grad_sensitivity_threshold", "1.5,2,3")]
 # The smoke test's: each value valid with SMOKE_POLICY's other threshold, SMOKE_POLICY's in it.
+DESIGN_DEFAULTS = {"bf16_threshold": 0.6, "int8_threshold": 0.3, "grad_sensitivity_threshold": 2.0}  # DESIGN 4.1
 SMOKE_SWEEP = [("bf16_threshold", "0.99,1"), ("int8_threshold", "0.5,0.98")]
 
 
@@ -223,6 +223,9 @@ class Run:
         """prismd's view after the run: the block map (REST), its telemetry records and the
         job's binary trace when this prismd records one, copied into the run's directory."""
         out = {}
+        status, body = http_get(self.http, f"/v1/jobs/{self.job}/config")
+        if status == 200:
+            out["config"] = json.loads(body)  # the job's whole config as prismd held it
         status, body = http_get(self.http, f"/v1/jobs/{self.job}/blocks")
         if status == 200:
             blocks = json.loads(body)
@@ -326,11 +329,14 @@ def sweep(args, results):
             continue
         if isinstance(row, dict) and "config" in row:
             rows.append(row)
-    if args.smoke:
-        live = SMOKE_POLICY
-    else:
-        with open(POLICY_FILE) as f:
-            live = json.load(f)
+    live = r["prismd"].get("config")
+    if live is None:  # a result from before run.py kept prismd's config: what it was given
+        live = dict(DESIGN_DEFAULTS)
+        if args.smoke:
+            live.update(SMOKE_POLICY)
+        else:
+            with open(POLICY_FILE) as f:
+                live.update(json.load(f))
     return {"command": " ".join(argv), "trace": trace, "live": {k: live.get(k) for k, _ in grid},
             "rows": rows}, None
 
@@ -340,15 +346,17 @@ def settings_key(s):
                               "eval_windows", "max_files", "seed")}
 
 
-def load_results(path, settings):
-    """results.json's configurations when they were made with these settings, else {}."""
-    if not os.path.exists(path):
+def load_results(path, settings, fresh):
+    """results.json's configurations when they were made with these settings; {} with fresh or
+    without a results.json. Results of other settings are never overwritten silently: exits
+    unless fresh."""
+    if fresh or not os.path.exists(path):
         return {}
     with open(path) as f:
         old = json.load(f)
     if old.get("settings") != settings_key(settings):
-        print(f"run.py: {path} was made with other settings; its results are not kept", file=sys.stderr)
-        return {}
+        sys.exit(f"run.py: {path} holds results made with other settings ({old.get('settings')}); use another "
+                 "--out, or --fresh to replace them")
     return old.get("configs", {})
 
 
@@ -379,6 +387,8 @@ def parse_args(argv=None):
     ap.add_argument("--smoke", action="store_true", help="the CI smoke test's tiny settings")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite the sweep, loss.png and the README section from results.json only")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start OUT/results.json afresh (needed when it holds results of other settings)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--static-low", type=int, default=None,
                     help="blocks the static plans put low when prism-int8 has no result (default: half)")
@@ -421,7 +431,7 @@ def main(argv=None):
     settings = args.settings
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
-    results = load_results(results_path, settings)
+    results = load_results(results_path, settings, args.fresh)
     failures = []
     if not args.report_only:
         need = [os.path.join(args.build_dir, p) for p in ("service/prismd", "agent/prism-agent", "lib/libprism.so")]
