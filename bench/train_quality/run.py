@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """The training-quality experiment: every configuration, one after the other, then the results
-(results.json), the plot (loss.png) and README.md's table. One command runs it all:
+(results.json), the plot (loss.png) and README.md's results section.
+
+One command runs it all:
 
     cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release && \\
         cmake --build build-release -j --target prismd prism-agent prism
@@ -308,6 +310,8 @@ def sweep(args, results):
     if not trace:
         return None, "prism-int8 has no recorded trace (this prismd records none, or prism-int8 did not run)"
     prismctl = os.path.join(args.build_dir, "service", "prismctl")
+    if not os.path.exists(os.path.join(args.out, trace)):
+        return None, f"{trace} is not in {args.out}"
     if not os.path.exists(prismctl):
         return None, f"no {prismctl}"
     helped = subprocess.run([prismctl, "replay", "--help"], capture_output=True, text=True, timeout=60)
@@ -339,6 +343,12 @@ def sweep(args, results):
                 live.update(json.load(f))
     return {"command": " ".join(argv), "trace": trace, "live": {k: live.get(k) for k, _ in grid},
             "rows": rows}, None
+
+
+def previous_doc(path):
+    """What results.json holds."""
+    with open(path) as f:
+        return json.load(f)
 
 
 def settings_key(s):
@@ -432,13 +442,17 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
     results = load_results(results_path, settings, args.fresh)
+    old = previous_doc(results_path) if results else None
+    old_sweep = old.get("sweep") if old else None
     failures = []
+    ran = []  # the configurations run now
     if not args.report_only:
         need = [os.path.join(args.build_dir, p) for p in ("service/prismd", "agent/prism-agent", "lib/libprism.so")]
         missing = [p for p in need if not os.path.exists(p)]
         if missing:
             sys.exit(f"run.py: {missing[0]} is missing: build prismd, prism-agent and prism in --build-dir")
         for name in args.names:
+            ran.append(name)
             cfg = BY_NAME[name]
             static_low, source = static_low_count(results, settings, args)
             run = Run(cfg, settings, args, static_low)
@@ -462,18 +476,22 @@ def main(argv=None):
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             write_results(results_path, settings, results)
     swept, why = sweep(args, results)
+    if swept is None and old_sweep and "prism-int8" in results and "prism-int8" not in ran:
+        swept, why = old_sweep, None  # the sweep of the same prism-int8 run, made before
     if swept is None:
         print(f"run.py: no sweep: {why}", file=sys.stderr)
-    doc = write_results(results_path, settings, results, swept, why)
+    # A run that ran nothing keeps the date and machine of the results it rewrites.
+    doc = write_results(results_path, settings, results, swept, why, None if ran else old)
     report.write(args.out, doc, args.readme)
     if failures:
         sys.exit(f"run.py: failed: {', '.join(failures)}")
 
 
-def write_results(path, settings, results, swept=None, why=None):
+def write_results(path, settings, results, swept=None, why=None, old=None):
     ordered = {c["name"]: results[c["name"]] for c in CONFIGS if c["name"] in results}
-    doc = {"generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine(), "settings": settings_key(settings), "last_evals": settings["last_evals"],
+    doc = {"generated": old["generated"] if old else
+           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": old["machine"] if old else machine(), "settings": settings_key(settings), "last_evals": settings["last_evals"],
            "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
