@@ -121,7 +121,7 @@ def section(results, settings, generated, machine):
     any_r = next(iter(results.values()))
     m, c = any_r["model"], any_r["corpus"]
     lines = [RESULTS_BEGIN, "",
-             f"Run of {generated} on {machine.get('cpu', '?')} ({machine.get('cpus', '?')} CPUs), torch "
+             f"Results as of {generated}, on {machine.get('cpu', '?')} ({machine.get('cpus', '?')} CPUs), torch "
              f"{machine.get('torch', '?')}: {settings['steps']} steps, 2 ranks x {settings['batch']} sequences x "
              f"{settings['context']} bytes per step; model {m['layers']} blocks x width {m['width']} "
              f"({m['params']:,} parameters, {sum(m['block_params']):,} in the blocks); corpus "
