@@ -54,7 +54,6 @@ current stream with the same kernels, as the NCCL backend of the C collectives d
 """
 
 import collections
-import math
 
 import numpy as np
 import torch
@@ -178,16 +177,16 @@ def _check_headers(all_headers, rank):
 
 
 def _finish_sum(acc, divisor):
-    """acc clamped to [-FLT_MAX, FLT_MAX], then divided by divisor when divisor > 1 (binary32)."""
-    if acc.device.type == "cpu":
-        a = acc.numpy()
-        np.clip(a, -_FLT_MAX, _FLT_MAX, out=a)
-        if divisor > 1:
+    """acc clamped to [-FLT_MAX, FLT_MAX], then divided by divisor when divisor > 1: one
+    correctly rounded binary32 division per element (NumPy's on the CPU, never a multiplication
+    by the reciprocal, which differs for divisors that are not powers of two)."""
+    acc.clamp_(-_FLT_MAX, _FLT_MAX)
+    if divisor > 1:
+        if acc.device.type == "cpu":
+            a = acc.numpy()
             np.divide(a, np.float32(divisor), out=a)
-    else:
-        acc.clamp_(-_FLT_MAX, _FLT_MAX)
-        if divisor > 1:
-            acc.div_(torch.tensor(float(divisor), dtype=torch.float32, device=acc.device))
+        else:
+            acc.div_(torch.full_like(acc, float(divisor)))
     return acc
 
 
@@ -379,6 +378,8 @@ class QuantizedAllReduceState:
         if high:
             n = sum(v.numel() for v in high)
             joined = torch.cat(high) if len(high) > 1 else high[0].clone()
+            if joined.dtype == torch.bfloat16 and world > 1 and dist.get_backend(group) == "gloo":
+                joined = joined.float()  # gloo has no bfloat16 sum: sent (and counted) as float32
             if world > 1:
                 dist.all_reduce(joined, group=group)
             if self.op == "avg" and world > 1:

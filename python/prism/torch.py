@@ -88,6 +88,10 @@ Blocks planned high run unchanged. counters() adds compute_low_blocks (the ids r
 compute_low_block_steps (block-steps run low since attach) and plan_map_version (the map the plan
 in use came with; 0: none).
 
+DistributedDataParallel: QuantizedAllReduceState and quantized_allreduce_hook (python/prism/ddp.py,
+re-exported here) all-reduce gradient buckets with Prism's quantized all-reduce (DESIGN 10), in a
+fixed wire format or each block's format in an Attachment's map, and count the wire bytes.
+
 Nothing here raises because the agent or prismd is missing: reports are dropped and counted
 (`counters()`), and the weights keep the last map.
 """
