@@ -199,13 +199,17 @@ class Run:
                 argv += ["--agent-dir", os.path.join(self.dir, f"agent{r}"), "--low", cfg["low"],
                          "--calibrate-at", str(max(0, self.policy_doc.get("warmup_steps", 10) - 10))]
                 if self.args.smoke:
-                    argv += ["--wait-map-at", str(SMOKE_WAIT_AT)]
+                    argv += ["--wait-map-at", str(SMOKE_WAIT_AT), "--wait-map-s", "60"]
             if cfg["hook"]:
                 argv += ["--hook", cfg["hook"]]
             trainers.append(self.spawn(argv, f"trainer{r}.log", env=env))
         deadline = time.monotonic() + self.args.config_timeout_s
         while any(t.poll() is None for t in trainers):
             if time.monotonic() > deadline:
+                for t in trainers:  # each rank's Python stack into its log (train.py's faulthandler)
+                    if t.poll() is None:
+                        t.send_signal(signal.SIGUSR1)
+                time.sleep(1)
                 raise RuntimeError(f"{cfg['name']}: the trainers did not finish in {self.args.config_timeout_s} s "
                                    f"(logs in {self.dir})")
             failed = [t for t in trainers if t.poll() not in (None, 0)]

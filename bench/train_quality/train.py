@@ -31,10 +31,13 @@ without the hook, what DDP's FP32 ring all-reduce of every gradient sends per ra
 (2 (W-1)/W x 4 bytes x parameters, each step) and what a BF16 one would (half)."""
 
 import argparse
+import faulthandler
+import gc
 import hashlib
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -88,7 +91,8 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads per rank")
     ap.add_argument("--wait-map-at", type=int, default=-1,
                     help="at this step, wait (at most --wait-map-s) until a map from prismd is in effect "
-                         "(the smoke test: a handful of steps must see one)")
+                         "(the smoke test: a handful of steps must see one); and before step 0 until the "
+                         "agent is connected to prismd (so that the first steps' reports are not dropped)")
     ap.add_argument("--wait-map-s", type=float, default=120.0)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or args.eval_windows < args.world:
@@ -150,6 +154,21 @@ def make_hook_state(args, pt):
     return prism.torch.QuantizedAllReduceState(**kw)
 
 
+def wait_for_agent(pt, timeout_s):
+    """Polls the client until it is connected to its agent and the agent to prismd, at most
+    timeout_s, so that the first steps' reports reach prismd (a report the agent cannot forward
+    is dropped). Returns the seconds waited, or None."""
+    t0 = time.monotonic()
+    while True:
+        pt.client.begin_step(0)
+        st = pt.client.state()
+        if st["connected"] and st["upstream_connected"]:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            return None
+        time.sleep(0.02)
+
+
 def wait_for_map(pt, step, timeout_s):
     """Polls the client until a map (version >= 1) is in effect at `step`, at most timeout_s.
     Returns the seconds waited, or None when none came."""
@@ -163,6 +182,7 @@ def wait_for_map(pt, step, timeout_s):
 
 def main(argv=None):
     args = parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # run.py asks a rank that overran where it is
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if args.world > 1:
@@ -205,6 +225,9 @@ def main(argv=None):
     map_wait_s = None
     eval_seconds = 0.0
     finite = math.isfinite(evals[0][1])
+    agent_wait_s = None
+    if pt is not None and args.wait_map_at >= 0:
+        agent_wait_s = wait_for_agent(pt, args.wait_map_s)
     t_start = time.monotonic()
     for step in range(args.steps):
         if pt is not None and step == args.wait_map_at:
@@ -276,7 +299,7 @@ def main(argv=None):
         "params_sha256": params_sha256(model),
     }
     if pt is not None:
-        result.update(map_version=pt.map_version, map_wait_s=map_wait_s,
+        result.update(map_version=pt.map_version, map_wait_s=map_wait_s, agent_wait_s=agent_wait_s,
                       switches=[[s, v, p] for s, v, p in pt.switches], late_switches=pt.late_switches,
                       client_counters=pt.counters())
         pt.close()
@@ -286,6 +309,10 @@ def main(argv=None):
     os.replace(tmp, args.out)
     if log:
         log.close()
+    # DDP (its reducer, holding the hook) goes before the process group: freed after it, as main's
+    # locals are at return, it sometimes hung the rank at exit with the hook registered.
+    del ddp, hook_state
+    gc.collect()
     if args.world > 1:
         dist.barrier()
         dist.destroy_process_group()
