@@ -1,0 +1,509 @@
+#!/usr/bin/python3
+"""The training-quality experiment: every configuration, one after the other, then the results
+(results.json), the plot (loss.png) and README.md's results section.
+
+One command runs it all:
+
+    cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release && \\
+        cmake --build build-release -j --target prismd prism-agent prism
+    bench/train_quality/run.py --build-dir build-release
+
+Each configuration trains model.GPT on 2 ranks (train.py, torch DDP over gloo on loopback); a
+configuration with Prism gets a real prismd (its own data directory and config) and one
+prism-agent per rank. Logs, prismd's data (telemetry, trace) and each rank's results stay in
+OUT/runs/NAME/ (git-ignored). --configs runs some of them: results of the others already in
+OUT/results.json are kept when they were made with the same settings (steps, model, batch, seed,
+corpus), so a long run can be done in pieces; results of other settings are not replaced
+without --fresh. --report-only rewrites the sweep, the plot and the table from results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
+configuration; see tests/integration/test_train_quality.py)."""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+
+import report  # noqa: E402
+
+# Every configuration (the issue's list, in the order they run: static plans take their block
+# count from prism-int8). prism: None (no prismd), "dynamic" (the policy decides), "uniform"
+# (every block forced low), "static-first" / "static-random" (as many blocks forced low as
+# prism-int8 ended with: the first ones / a random set with a fixed seed). hook: the DDP hook's
+# wire format, or None (DDP's own FP32 all-reduce).
+CONFIGS = [
+    {"name": "bf16", "prism": None, "low": None, "hook": None},
+    {"name": "prism-int8", "prism": "dynamic", "low": "int8", "hook": None},
+    {"name": "prism-fp8", "prism": "dynamic", "low": "fp8_e4m3", "hook": None},
+    {"name": "prism-int4", "prism": "dynamic", "low": "int4", "hook": None},
+    {"name": "uniform-int8", "prism": "uniform", "low": "int8", "hook": None},
+    {"name": "uniform-fp8", "prism": "uniform", "low": "fp8_e4m3", "hook": None},
+    {"name": "uniform-int4", "prism": "uniform", "low": "int4", "hook": None},
+    {"name": "static-first", "prism": "static-first", "low": "int8", "hook": None},
+    {"name": "static-random", "prism": "static-random", "low": "int8", "hook": None},
+    {"name": "prism-int8+fp8hook", "prism": "dynamic", "low": "int8", "hook": "fp8_e4m3"},
+    {"name": "fp8hook", "prism": None, "low": None, "hook": "fp8_e4m3"},
+]
+BY_NAME = {c["name"]: c for c in CONFIGS}
+STATIC_RANDOM_SEED = 16
+
+# The experiment's settings (train.py's options) and the smoke test's.
+FULL = {"steps": 2000, "layers": 8, "width": 256, "heads": 4, "context": 128, "batch": 16, "lr": 1e-3,
+        "eval_every": 50, "eval_windows": 128, "max_files": None, "seed": 1, "last_evals": 5}
+SMOKE = {"steps": 8, "layers": 3, "width": 32, "heads": 2, "context": 32, "batch": 4, "lr": 1e-3,
+         "eval_every": 4, "eval_windows": 8, "max_files": 20, "seed": 1, "last_evals": 2}
+# prismd's policy config for the dynamic runs; "low_precision" is added per configuration. The
+# smoke test's thresholds put blocks low at the first decision, so that a handful of steps see
+# a map.
+POLICY_FILE = os.path.join(HERE, "policy.json")
+SMOKE_POLICY = {"warmup_steps": 2, "update_interval_steps": 2, "history_window": 2, "min_steps_between_switches": 2,
+                "apply_lag_steps": 1, "step_timeout_ms": 30000, "calibration_samples": 1,
+                "bf16_threshold": 0.99, "int8_threshold": 0.98, "hysteresis_margin": 0.0}
+SMOKE_WAIT_AT = 5  # the smoke run's trainers wait at this step until a map is in effect
+# The sweep over prism-int8's recorded trace (prismctl replay --sweep): the policy's thresholds
+# around policy.json's values (which are in the grid: the live run's config).
+SWEEP = [("bf16_threshold", "0.5,0.6,0.7"), ("int8_threshold", "0.2,0.3,0.4"),
+         ("grad_sensitivity_threshold", "1.5,2,3")]
+# The smoke test's: each value valid with SMOKE_POLICY's other threshold, SMOKE_POLICY's in it.
+DESIGN_DEFAULTS = {"bf16_threshold": 0.6, "int8_threshold": 0.3, "grad_sensitivity_threshold": 2.0}  # DESIGN 4.1
+SMOKE_SWEEP = [("bf16_threshold", "0.99,1"), ("int8_threshold", "0.5,0.98")]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(addr, path, timeout=5):
+    """(status, body bytes) of GET http://addr/path; (None, b"") when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://{addr}{path}", timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return None, b""
+
+
+def bounded_wait(what, predicate, timeout_s, every_s=0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
+
+
+class Run:
+    """The processes of one configuration, in OUT/runs/NAME/. stop() ends every one still running."""
+
+    def __init__(self, cfg, settings, args, static_low):
+        self.cfg, self.settings, self.args = cfg, settings, args
+        self.dir = os.path.join(args.out, "runs", cfg["name"])
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.procs = []  # every process started, stopped in reverse order
+        self.services = []  # prismd and the agents: none may exit while the ranks train
+        self.static_low = static_low
+        self.forced = []
+        self.http = None
+        self.job = "train-quality"
+
+    def spawn(self, argv, log, **kw):
+        fd = os.open(os.path.join(self.dir, log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            p = subprocess.Popen(argv, stderr=fd, stdout=subprocess.DEVNULL, **kw)
+        finally:
+            os.close(fd)
+        self.procs.append(p)
+        return p
+
+    def policy(self, n_blocks):
+        """prismd's config for this configuration."""
+        cfg = self.cfg
+        if self.args.smoke:
+            base = dict(SMOKE_POLICY)
+        else:
+            with open(POLICY_FILE) as f:
+                base = json.load(f)
+        base["low_precision"] = cfg["low"]
+        if cfg["prism"] == "uniform":
+            self.forced = list(range(n_blocks))
+        elif cfg["prism"] == "static-first":
+            self.forced = list(range(self.static_low))
+        elif cfg["prism"] == "static-random":
+            self.forced = sorted(random.Random(STATIC_RANDOM_SEED).sample(range(n_blocks), self.static_low))
+        if cfg["prism"] != "dynamic":
+            # Fixed plans: overrides only (DESIGN 4.2 "static"), no calibration to run.
+            base.update(mode="static", force_int8_blocks=self.forced, run_calibration=False)
+        return base
+
+    def start_prism(self):
+        """prismd with this configuration's policy, and one prism-agent per rank."""
+        b = self.args.build_dir
+        config = os.path.join(self.dir, "prismd-config.json")
+        self.policy_doc = self.policy(self.settings["layers"])
+        with open(config, "w") as f:
+            json.dump(self.policy_doc, f, indent=1)
+        grpc = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.services.append(self.spawn(
+            [os.path.join(b, "service", "prismd"), "--grpc-listen", grpc, "--http-listen", self.http,
+             "--data-dir", os.path.join(self.dir, "prismd-data"), "--config", config], "prismd.log"))
+        bounded_wait("prismd ready", lambda: self.alive() and http_get(self.http, "/readyz")[0] == 200, 60)
+        for r in range(self.args.world):
+            self.services.append(self.spawn(
+                [os.path.join(b, "agent", "prism-agent"), "--prismd", grpc, "--dir",
+                 os.path.join(self.dir, f"agent{r}"), "--metrics-listen", f"127.0.0.1:{free_port()}",
+                 "--device", "cpu", "--profile-budget-ms", "100", "--backoff-initial-ms", "50",
+                 "--backoff-max-ms", "400"], f"agent{r}.log"))
+
+    def alive(self):
+        dead = [p for p in self.services if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{self.cfg['name']}: {dead[0].args[0]} exited with {dead[0].returncode} "
+                               f"(logs in {self.dir})")
+        return True
+
+    def train(self):
+        """Starts the ranks and waits for them (bounded); returns their results."""
+        s, cfg = self.settings, self.cfg
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"),
+                   PRISM_LIBRARY=os.path.join(self.args.build_dir, "lib", "libprism.so"))
+        outs = [os.path.join(self.dir, f"rank{r}.json") for r in range(self.args.world)]
+        trainers = []
+        for r in range(self.args.world):
+            argv = [sys.executable, os.path.join(HERE, "train.py"), "--name", cfg["name"], "--rank", str(r),
+                    "--world", str(self.args.world), "--dist-file", os.path.join(self.dir, "gloo-rendezvous"),
+                    "--out", outs[r], "--log", os.path.join(self.dir, f"steps{r}.jsonl"), "--job", self.job]
+            for key in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
+                        "eval_windows", "seed", "max_files"):
+                if s[key] is not None:
+                    argv += ["--" + key.replace("_", "-"), str(s[key])]
+            if cfg["prism"]:
+                argv += ["--agent-dir", os.path.join(self.dir, f"agent{r}"), "--low", cfg["low"],
+                         "--calibrate-at", str(max(0, self.policy_doc.get("warmup_steps", 10) - 10))]
+                if self.args.smoke:
+                    argv += ["--wait-map-at", str(SMOKE_WAIT_AT), "--wait-map-s", "60"]
+            if cfg["hook"]:
+                argv += ["--hook", cfg["hook"]]
+            trainers.append(self.spawn(argv, f"trainer{r}.log", env=env))
+        deadline = time.monotonic() + self.args.config_timeout_s
+        while any(t.poll() is None for t in trainers):
+            if time.monotonic() > deadline:
+                for t in trainers:  # each rank's Python stack into its log (train.py's faulthandler)
+                    if t.poll() is None:
+                        t.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+                raise RuntimeError(f"{cfg['name']}: the trainers did not finish in {self.args.config_timeout_s} s "
+                                   f"(logs in {self.dir})")
+            failed = [t for t in trainers if t.poll() not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{cfg['name']}: a trainer exited with {failed[0].returncode}: "
+                                   f"{tail(os.path.join(self.dir, 'trainer%d.log' % trainers.index(failed[0])))}")
+            if cfg["prism"]:
+                self.alive()
+            time.sleep(0.2)
+        results = []
+        for path in outs:
+            with open(path) as f:
+                results.append(json.load(f))
+        return results
+
+    def prismd_record(self):
+        """prismd's view after the run: the block map (REST), its telemetry records and the
+        job's binary trace when this prismd records one, copied into the run's directory."""
+        out = {}
+        status, body = http_get(self.http, f"/v1/jobs/{self.job}/config")
+        if status == 200:
+            out["config"] = json.loads(body)  # the job's whole config as prismd held it
+        status, body = http_get(self.http, f"/v1/jobs/{self.job}/blocks")
+        if status == 200:
+            blocks = json.loads(body)
+            with open(os.path.join(self.dir, "blocks.json"), "w") as f:
+                json.dump(blocks, f, indent=1)
+            out["map_version"] = blocks.get("map_version")
+            out["precisions"] = [b["precision"] for b in sorted(blocks["blocks"], key=lambda b: b["id"])]
+        status, body = http_get(self.http, f"/v1/jobs/{self.job}/trace", timeout=30)
+        if status == 200 and body:
+            with open(os.path.join(self.dir, "trace.ptrace"), "wb") as f:
+                f.write(body)
+            out["trace"] = os.path.relpath(os.path.join(self.dir, "trace.ptrace"), self.args.out)
+        data = os.path.join(self.dir, "prismd-data")
+        for dirpath, _, files in os.walk(data):
+            for name in files:
+                if name.endswith(".jsonl") and "telemetry" in name:
+                    shutil.copy(os.path.join(dirpath, name), os.path.join(self.dir, "telemetry.jsonl"))
+                    out["telemetry"] = os.path.relpath(os.path.join(self.dir, "telemetry.jsonl"), self.args.out)
+        return out
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def tail(path, n=2000):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return "(no log)"
+
+
+def summarize(cfg, ranks, settings, prismd, static_low, forced):
+    """One configuration's entry in results.json, from its ranks' results (rank 0's figures; the
+    ranks' parameters compared)."""
+    r0 = ranks[0]
+    evals = r0["evals"]
+    last = [loss for _, loss in evals[-settings["last_evals"]:]]
+    train_tail = r0["train_loss"][-max(1, len(r0["train_loss"]) // 20):]
+    out = {
+        "name": cfg["name"], "prism": cfg["prism"], "low": cfg["low"], "hook": cfg["hook"],
+        "held_out_loss": statistics.fmean(last), "held_out_last_evals": len(last),
+        "final_train_loss": statistics.fmean(train_tail), "evals": evals,
+        "finite": all(r["finite"] for r in ranks),
+        "low_share": r0["low_share"], "transfer_saving_pct": r0["transfer_saving_pct"],
+        "final_precisions": r0["final_precisions"],
+        "final_low_blocks": sum(p != "bf16" for p in r0["final_precisions"]),
+        "wire": r0["wire"], "wire_vs_bf16": r0["wire"]["wire_bytes"] / r0["wire"]["bf16_bytes"]
+        if r0["wire"]["bf16_bytes"] else None,
+        "step_seconds": max(r["step_seconds_mean"] for r in ranks),
+        "step_seconds_median": max(r["step_seconds_median"] for r in ranks),
+        "wall_seconds": max(r["wall_seconds"] for r in ranks),
+        "params_identical": len({r["params_sha256"] for r in ranks}) == 1,
+        "steps": r0["steps"], "model": r0["model"], "corpus": r0["corpus"],
+    }
+    if cfg["prism"]:
+        out.update(map_version=r0["map_version"], switches=r0["switches"], late_switches=r0["late_switches"],
+                   calibration=r0["calibration"], map_wait_s=r0["map_wait_s"], prismd=prismd,
+                   reports_dropped=sum(r["client_counters"].get("reports_dropped", 0) for r in ranks))
+    if cfg["prism"] and cfg["prism"] != "dynamic":
+        out["forced_low"] = forced
+    if cfg["prism"] in ("static-first", "static-random"):
+        out["static_low_from"] = static_low
+    return out
+
+
+def sweep(args, results):
+    """(the sweep of SWEEP over prism-int8's binary trace by prismctl replay --sweep, None) or
+    (None, why there is none)."""
+    r = results.get("prism-int8")
+    trace = (r.get("prismd") or {}).get("trace") if r else None
+    if not trace:
+        return None, "prism-int8 has no recorded trace (this prismd records none, or prism-int8 did not run)"
+    prismctl = os.path.join(args.build_dir, "service", "prismctl")
+    if not os.path.exists(os.path.join(args.out, trace)):
+        return None, f"{trace} is not in {args.out}"
+    if not os.path.exists(prismctl):
+        return None, f"no {prismctl}"
+    helped = subprocess.run([prismctl, "replay", "--help"], capture_output=True, text=True, timeout=60)
+    if "--sweep" not in helped.stdout + helped.stderr:
+        return None, "this prismctl has no replay --sweep"
+    grid = SMOKE_SWEEP if args.smoke else SWEEP
+    argv = ["prismctl", "replay", "--format", "json"]
+    for key, values in grid:
+        argv += ["--sweep", f"{key}={values}"]
+    argv.append(trace)
+    proc = subprocess.run([prismctl] + argv[1:], capture_output=True, text=True, timeout=600, cwd=args.out)
+    if proc.returncode != 0:
+        return None, f"prismctl replay --sweep exited with {proc.returncode}: {proc.stderr.strip()[-500:]}"
+    rows = []
+    for line in proc.stdout.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "config" in row:
+            rows.append(row)
+    live = r["prismd"].get("config")
+    if live is None:  # a result from before run.py kept prismd's config: what it was given
+        live = dict(DESIGN_DEFAULTS)
+        if args.smoke:
+            live.update(SMOKE_POLICY)
+        else:
+            with open(POLICY_FILE) as f:
+                live.update(json.load(f))
+    return {"command": " ".join(argv), "trace": trace, "live": {k: live.get(k) for k, _ in grid},
+            "rows": rows}, None
+
+
+def previous_doc(path):
+    """What results.json holds."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def settings_key(s):
+    return {k: s[k] for k in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
+                              "eval_windows", "max_files", "seed")}
+
+
+def load_results(path, settings, fresh):
+    """results.json's configurations when they were made with these settings; {} with fresh or
+    without a results.json. Results of other settings are never overwritten silently: exits
+    unless fresh."""
+    if fresh or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        old = json.load(f)
+    if old.get("settings") != settings_key(settings):
+        sys.exit(f"run.py: {path} holds results made with other settings ({old.get('settings')}); use another "
+                 "--out, or --fresh to replace them")
+    return old.get("configs", {})
+
+
+def machine():
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "system": platform.platform()}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="configurations: " + ", ".join(c["name"] for c in CONFIGS))
+    ap.add_argument("--build-dir", default=os.environ.get("PRISM_BUILD_DIR", os.path.join(ROOT, "build-release")),
+                    help="where prismd, prism-agent and libprism.so were built (default build-release)")
+    ap.add_argument("--out", default=HERE, help="where results.json, loss.png and runs/ go (default: this folder)")
+    ap.add_argument("--readme", default=None,
+                    help="the README whose table is rewritten (default: OUT/README.md when OUT is this folder)")
+    ap.add_argument("--configs", default=None, help="comma-separated names (default: all)")
+    ap.add_argument("--smoke", action="store_true", help="the CI smoke test's tiny settings")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite the sweep, loss.png and the README section from results.json only")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start OUT/results.json afresh (needed when it holds results of other settings)")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--static-low", type=int, default=None,
+                    help="blocks the static plans put low when prism-int8 has no result (default: half)")
+    ap.add_argument("--config-timeout-s", type=float, default=None,
+                    help="most seconds one configuration may take (default: 120 with --smoke, else 20 x steps + 600)")
+    for key, value in FULL.items():
+        if key == "max_files":
+            ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each split")
+            continue
+        ap.add_argument("--" + key.replace("_", "-"), type=type(value), default=None,
+                        help=f"(default {value}; smoke {SMOKE[key]})")
+    args = ap.parse_args(argv)
+    base = SMOKE if args.smoke else FULL
+    args.settings = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in base.items()}
+    names = args.configs.split(",") if args.configs else [c["name"] for c in CONFIGS]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        ap.error(f"--configs: unknown configuration {unknown[0]!r} (known: {', '.join(BY_NAME)})")
+    args.names = [c["name"] for c in CONFIGS if c["name"] in names]
+    if args.config_timeout_s is None:
+        args.config_timeout_s = 120.0 if args.smoke else 20.0 * args.settings["steps"] + 600
+    args.build_dir = os.path.abspath(args.build_dir)
+    args.out = os.path.abspath(args.out)
+    if args.readme is None and args.out == HERE:
+        args.readme = os.path.join(HERE, "README.md")
+    return args
+
+
+def static_low_count(results, settings, args):
+    """(blocks the static plans put low, where that number came from)."""
+    prism = results.get("prism-int8")
+    if prism:
+        return prism["final_low_blocks"], "prism-int8"
+    n = args.static_low if args.static_low is not None else settings["layers"] // 2
+    return n, "--static-low" if args.static_low is not None else "half the blocks (no prism-int8 result)"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    settings = args.settings
+    os.makedirs(args.out, exist_ok=True)
+    results_path = os.path.join(args.out, "results.json")
+    results = load_results(results_path, settings, args.fresh)
+    old = previous_doc(results_path) if results else None
+    old_sweep = old.get("sweep") if old else None
+    failures = []
+    ran = []  # the configurations run now
+    if not args.report_only:
+        need = [os.path.join(args.build_dir, p) for p in ("service/prismd", "agent/prism-agent", "lib/libprism.so")]
+        missing = [p for p in need if not os.path.exists(p)]
+        if missing:
+            sys.exit(f"run.py: {missing[0]} is missing: build prismd, prism-agent and prism in --build-dir")
+        for name in args.names:
+            ran.append(name)
+            cfg = BY_NAME[name]
+            static_low, source = static_low_count(results, settings, args)
+            run = Run(cfg, settings, args, static_low)
+            t0 = time.monotonic()
+            print(f"run.py: {name} ...", file=sys.stderr, flush=True)
+            try:
+                if cfg["prism"]:
+                    run.start_prism()
+                ranks = run.train()
+                prismd = run.prismd_record() if cfg["prism"] else None
+            except RuntimeError as e:
+                print(f"run.py: {name} failed: {e}", file=sys.stderr, flush=True)
+                failures.append(name)
+                results.pop(name, None)
+                continue
+            finally:
+                run.stop()
+            results[name] = summarize(cfg, ranks, settings, prismd, (static_low, source), run.forced)
+            r = results[name]
+            print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
+                  f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            write_results(results_path, settings, results)
+    swept, why = sweep(args, results)
+    if swept is None and old_sweep and "prism-int8" in results and "prism-int8" not in ran:
+        swept, why = old_sweep, None  # the sweep of the same prism-int8 run, made before
+    if swept is None:
+        print(f"run.py: no sweep: {why}", file=sys.stderr)
+    # A run that ran nothing keeps the date and machine of the results it rewrites.
+    doc = write_results(results_path, settings, results, swept, why, None if ran else old)
+    report.write(args.out, doc, args.readme)
+    if failures:
+        sys.exit(f"run.py: failed: {', '.join(failures)}")
+
+
+def write_results(path, settings, results, swept=None, why=None, old=None):
+    ordered = {c["name"]: results[c["name"]] for c in CONFIGS if c["name"] in results}
+    doc = {"generated": old["generated"] if old else
+           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": old["machine"] if old else machine(), "settings": settings_key(settings), "last_evals": settings["last_evals"],
+           "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

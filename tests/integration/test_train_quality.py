@@ -1,0 +1,207 @@
+#!/usr/bin/python3
+"""The training-quality experiment's smoke test (issue 16 item 2): bench/train_quality/run.py
+--smoke runs every configuration for a handful of steps with a tiny model, each with 2 real
+ranks (torch DDP over gloo on loopback) and, where the configuration has Prism, a real prismd and
+one real prism-agent per rank. Then results.json is checked: every configuration ran every step
+on both ranks with finite losses and ended with the same parameters on both; the uniform ones
+had every block low in prismd's map and in the trainers'; the Prism ones got maps from prismd
+(and the dynamic ones calibrated when prismd asked); the static ones forced the blocks the
+experiment says; the hook ones counted their wire bytes, the others DDP's FP32 figure; and the
+plot and the README section were written from it (the rest of the README left as it was)."""
+
+import json
+import math
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+import zlib
+
+BUILD = os.path.abspath(os.environ.get("PRISM_BUILD_DIR", "build"))
+SOURCE = os.path.abspath(os.environ.get("PRISM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
+BENCH = os.path.join(SOURCE, "bench", "train_quality")
+sys.path.insert(0, BENCH)
+
+import report  # noqa: E402
+import run  # noqa: E402
+
+STEPS = run.SMOKE["steps"]
+LAYERS = run.SMOKE["layers"]
+PRISM_CONFIGS = [c["name"] for c in run.CONFIGS if c["prism"]]
+
+
+def png_size(path):
+    """(width, height) of a PNG file, after checking its signature, its chunks' CRCs and that its
+    image data inflates to the size 8-bit RGB rows need."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    at, idat, size = 8, b"", None
+    while at < len(data):
+        (n,) = struct.unpack(">I", data[at:at + 4])
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + n]
+        (crc,) = struct.unpack(">I", data[at + 8 + n:at + 12 + n])
+        assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"bad CRC in chunk {kind}"
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        at += 12 + n
+    w, h = size
+    assert len(zlib.decompress(idat)) == h * (1 + 3 * w), "image data of the wrong size"
+    return size
+
+
+class TrainQualitySmokeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="prism-train-quality-")
+        # A README with hand-written text around the results section, to see it kept.
+        cls.readme = os.path.join(cls.dir, "README.md")
+        with open(cls.readme, "w") as f:
+            f.write(f"# before\n\n{report.RESULTS_BEGIN}\nold table\n{report.RESULTS_END}\n\n## after\n")
+        proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--build-dir", BUILD,
+                               "--out", cls.dir, "--readme", cls.readme], capture_output=True, text=True,
+                              timeout=600)
+        cls.stderr = proc.stderr
+        if proc.returncode != 0:
+            for name in sorted(os.listdir(os.path.join(cls.dir, "runs"))) if os.path.isdir(
+                    os.path.join(cls.dir, "runs")) else []:
+                for log in ("prismd.log", "trainer0.log", "trainer1.log", "agent0.log"):
+                    path = os.path.join(cls.dir, "runs", name, log)
+                    if os.path.exists(path):
+                        with open(path, errors="replace") as f:
+                            sys.stderr.write(f"---- {name}/{log} ----\n{f.read()[-3000:]}\n")
+            shutil.rmtree(cls.dir, ignore_errors=True)
+            raise AssertionError(f"run.py --smoke exited with {proc.returncode}:\n{proc.stderr}")
+        with open(os.path.join(cls.dir, "results.json")) as f:
+            cls.doc = json.load(f)
+        cls.results = cls.doc["configs"]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_every_configuration_ran_every_step_with_finite_losses(self):
+        self.assertEqual(list(self.results), [c["name"] for c in run.CONFIGS])
+        for name, r in self.results.items():
+            with self.subTest(name):
+                self.assertEqual(r["steps"], STEPS)
+                self.assertTrue(r["finite"])
+                # Evaluations at step 0, every eval_every steps and after the last.
+                self.assertEqual([s for s, _ in r["evals"]], [0, 4, 8])
+                self.assertTrue(all(math.isfinite(v) for _, v in r["evals"]))
+                self.assertTrue(math.isfinite(r["held_out_loss"]))
+                self.assertEqual(r["held_out_loss"], sum(v for _, v in r["evals"][-2:]) / 2)
+                self.assertTrue(r["params_identical"], "the ranks' parameters differ at the end")
+                for rank in (0, 1):
+                    with open(os.path.join(self.dir, "runs", name, f"steps{rank}.jsonl")) as f:
+                        rows = [json.loads(line) for line in f]
+                    self.assertEqual([row["step"] for row in rows], list(range(STEPS)))
+                    self.assertTrue(all(math.isfinite(row["loss"]) for row in rows))
+
+    def test_the_loss_of_the_same_model_is_the_same_before_training(self):
+        # Same seed, same initial weights, same held-out windows: every configuration's step-0
+        # evaluation is the same number.
+        self.assertEqual(len({r["evals"][0][1] for r in self.results.values()}), 1)
+
+    def test_uniform_configurations_had_every_block_low(self):
+        for name, fmt in (("uniform-int8", "int8"), ("uniform-fp8", "fp8_e4m3"), ("uniform-int4", "int4")):
+            with self.subTest(name):
+                r = self.results[name]
+                self.assertEqual(r["forced_low"], list(range(LAYERS)))
+                self.assertEqual(r["final_precisions"], [fmt] * LAYERS)
+                self.assertEqual(r["prismd"]["precisions"], [fmt] * LAYERS)
+                self.assertEqual(r["final_low_blocks"], LAYERS)
+                # Low from the step the map came in effect, at the latest the wait step.
+                self.assertGreaterEqual(r["low_share"], (STEPS - run.SMOKE_WAIT_AT) / STEPS)
+                self.assertLess(r["low_share"], 1.0)
+
+    def test_prism_configurations_got_maps_from_prismd(self):
+        for name in PRISM_CONFIGS:
+            with self.subTest(name):
+                r = self.results[name]
+                self.assertGreaterEqual(r["map_version"], 1)
+                self.assertIsNotNone(r["map_wait_s"], "no map came within the wait")
+                self.assertEqual(r["prismd"]["map_version"], r["map_version"])
+                self.assertEqual(r["prismd"]["precisions"], r["final_precisions"])
+                self.assertTrue(r["switches"], "the trainers never switched to a map")
+                self.assertEqual(r["switches"][-1][1], r["map_version"])
+                self.assertTrue(os.path.exists(os.path.join(self.dir, r["prismd"]["telemetry"])))
+                if r["prism"] == "dynamic":
+                    # prismd asked for calibration (a fresh store), the trainers ran it.
+                    self.assertIsNotNone(r["calibration"])
+                    self.assertEqual(sorted(r["calibration"]["errors"]), [str(b) for b in range(LAYERS)])
+                    self.assertGreater(r["low_share"], 0)
+
+    def test_static_plans_force_as_many_blocks_as_prism_int8_ended_with(self):
+        k = self.results["prism-int8"]["final_low_blocks"]
+        first, rnd = self.results["static-first"], self.results["static-random"]
+        self.assertEqual(first["forced_low"], list(range(k)))
+        self.assertEqual(rnd["forced_low"], sorted(random.Random(run.STATIC_RANDOM_SEED).sample(range(LAYERS), k)))
+        for r in (first, rnd):
+            self.assertEqual(r["static_low_from"], [k, "prism-int8"])
+            self.assertEqual(r["final_low_blocks"], k)
+            self.assertEqual([b for b, p in enumerate(r["prismd"]["precisions"]) if p == "int8"], r["forced_low"])
+
+    def test_no_prism_means_no_block_low(self):
+        for name in ("bf16", "fp8hook"):
+            self.assertEqual(self.results[name]["low_share"], 0.0)
+            self.assertEqual(self.results[name]["final_precisions"], ["bf16"] * LAYERS)
+
+    def test_hook_configurations_counted_wire_bytes(self):
+        for name, r in self.results.items():
+            with self.subTest(name):
+                wire = r["wire"]
+                if r["hook"]:
+                    self.assertEqual(r["hook"], "fp8_e4m3")
+                    self.assertGreaterEqual(wire["calls"], STEPS)
+                    self.assertGreater(wire["wire_bytes"], 0)
+                    self.assertLess(wire["wire_bytes"], wire["bf16_bytes"])
+                else:
+                    # DDP's FP32 ring all-reduce on 2 ranks: 4 bytes a parameter a step; BF16 half.
+                    params = r["model"]["params"]
+                    self.assertEqual(wire["wire_bytes"], 4 * params * STEPS)
+                    self.assertEqual(wire["bf16_bytes"], 2 * params * STEPS)
+        # The same gradients' BF16 figure whichever way they went.
+        self.assertEqual(self.results["fp8hook"]["wire"]["bf16_bytes"], self.results["bf16"]["wire"]["bf16_bytes"])
+
+    def test_sweep_over_the_recorded_run_or_why_not(self):
+        sw = self.doc["sweep"]
+        if sw is None:
+            # A prismd that records no trace, or a prismctl without replay --sweep: said so.
+            self.assertRegex(self.doc["no_sweep"], "no recorded trace|no replay --sweep")
+            return
+        self.assertEqual(sw["trace"], os.path.join("runs", "prism-int8", "trace.ptrace"))
+        grid = [[float(v) for v in values.split(",")] for _, values in run.SMOKE_SWEEP]
+        self.assertEqual(len(sw["rows"]), len(grid[0]) * len(grid[1]))
+        self.assertEqual([[float(r["config"][k]) for k, _ in run.SMOKE_SWEEP] for r in sw["rows"]],
+                         [[a, b] for a in grid[0] for b in grid[1]])
+        # The live config replayed offline decides as prismd did live: its last saving and its
+        # switches are those of prismd's telemetry of the run.
+        with open(os.path.join(self.dir, "runs", "prism-int8", "telemetry.jsonl")) as f:
+            telemetry = [json.loads(line) for line in f]
+        live = [r for r in sw["rows"] if all(float(r["config"][k]) == float(run.SMOKE_POLICY[k])
+                                             for k, _ in run.SMOKE_SWEEP)]
+        self.assertEqual(len(live), 1)
+        self.assertEqual(live[0]["saving_end_pct"], telemetry[-1]["estimated_bandwidth_saving_pct"])
+        self.assertEqual(live[0]["switches"], sum(t["precision_changes"] for t in telemetry))
+        self.assertEqual(live[0]["first_decision_step"], telemetry[0]["step_id"])
+
+    def test_plot_and_readme_section_written(self):
+        self.assertEqual(png_size(os.path.join(self.dir, "loss.png")), (1500, 760))
+        with open(self.readme) as f:
+            text = f.read()
+        self.assertTrue(text.startswith(f"# before\n\n{report.RESULTS_BEGIN}\n"))
+        self.assertTrue(text.endswith(f"{report.RESULTS_END}\n\n## after\n"))
+        self.assertNotIn("old table", text)
+        for name in self.results:
+            self.assertIn(f"\n| {name} | ", text)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
