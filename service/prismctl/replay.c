@@ -459,8 +459,28 @@ static prism_status apply_calibration(replay *r, const replay_event *e, prism_er
     return st;
 }
 
-/* Every combination's config is checked on the base config before anything replays: one value
- * alone first (the message names the key and value), then each combination (the cross-key rules). */
+/* True when the combination i applies on base (the loader's per-key and cross-key rules). */
+static prism_status combination_valid(const replay_sweep *s, size_t i, const prism_config *base, bool *valid,
+                                      prism_error *err)
+{
+    json_t *overlay = replay_sweep_overlay(s, i);
+    if (!overlay)
+        return nomem(err);
+    prism_config out;
+    prism_status st = prism_config_apply_json(base, overlay, "", &out, err);
+    json_decref(overlay);
+    if (st == PRISM_ERR_NOMEM)
+        return st;
+    *valid = st == PRISM_OK;
+    if (*valid)
+        prism_config_free(&out);
+    return PRISM_OK;
+}
+
+/* Every combination's config is checked on the base config before anything replays. A value that
+ * fails in every combination it is part of is named alone ("--sweep KEY=VALUE: ..."); a value that
+ * fails on the base config alone but passes together with the other keys' values (a grid that moves
+ * both thresholds) is fine. Then a combination that fails is named with its values. */
 static prism_status check_sweep(const replay_sweep *s, const prism_config *base, prism_error *err)
 {
     for (size_t k = 0; k < s->nkeys; k++) {
@@ -471,27 +491,44 @@ static prism_status check_sweep(const replay_sweep *s, const prism_config *base,
                 json_decref(one);
                 return nomem(err);
             }
-            prism_status st = prism_config_apply_json(base, one, "", &out, err);
+            prism_error alone = {0};
+            prism_status st = prism_config_apply_json(base, one, "", &out, &alone);
             json_decref(one);
-            if (st) {
+            if (st == PRISM_OK) {
+                prism_config_free(&out);
+                continue;
+            }
+            if (st == PRISM_ERR_NOMEM)
+                return nomem(err);
+            bool some_valid = false;
+            for (size_t i = 0; i < s->combinations && !some_valid; i++) {
+                if (replay_sweep_value_index(s, i, k) != v)
+                    continue;
+                prism_error ignored = {0};
+                if (combination_valid(s, i, base, &some_valid, &ignored))
+                    return nomem(err);
+            }
+            if (!some_valid) {
+                *err = alone;
                 prism_error_prefix(err, "--sweep %s=%s", s->keys[k].name, s->keys[k].texts[v]);
                 return st;
             }
-            prism_config_free(&out);
         }
     }
     for (size_t i = 0; i < s->combinations; i++) {
-        json_t *overlay = replay_sweep_overlay(s, i);
-        prism_config out;
-        if (!overlay)
-            return nomem(err);
-        prism_status st = prism_config_apply_json(base, overlay, "", &out, err);
-        json_decref(overlay);
-        if (st) {
-            prism_error_prefix(err, "--sweep combination %zu", i + 1);
+        bool valid = false;
+        prism_status st = combination_valid(s, i, base, &valid, err);
+        if (st)
             return st;
-        }
-        prism_config_free(&out);
+        if (valid)
+            continue;
+        char values[512] = "";
+        size_t used = 0;
+        for (size_t k = 0; k < s->nkeys && used < sizeof values; k++)
+            used += (size_t)snprintf(values + used, sizeof values - used, "%s%s=%s", k ? ", " : "",
+                                     s->keys[k].name, s->keys[k].texts[replay_sweep_value_index(s, i, k)]);
+        prism_error_prefix(err, "--sweep combination %zu (%s)", i + 1, values);
+        return PRISM_ERR_INVALID;
     }
     return PRISM_OK;
 }

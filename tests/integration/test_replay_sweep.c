@@ -217,7 +217,8 @@ static void test_sweep_rejects_bad_arguments_naming_the_key(void)
         {{"--sweep", "int8_threshold=0.7", NULL}, "--sweep int8_threshold=0.7: int8_threshold: must be less than "
                                                   "bf16_threshold"},
         {{"--sweep", "bf16_threshold=0.9,0.4", "--sweep", "int8_threshold=0.5"},
-         "--sweep combination 2: int8_threshold: must be less than bf16_threshold"},
+         "--sweep combination 2 (bf16_threshold=0.4, int8_threshold=0.5): int8_threshold: must be less than "
+         "bf16_threshold"},
         {{"--sweep", "hysteresis_margin=0.1,0.1", "--sweep", "hysteresis_margin=0.2"},
          "--sweep hysteresis_margin: the key is given twice"},
         {{"--sweep", "world_size=1,2", NULL}, "--sweep world_size: the key shapes the rank merge"},
@@ -348,6 +349,42 @@ static void test_sweep_table_shows_long_values_whole(void)
     prism_proc_result_free(&r);
 }
 
+/* A grid that moves both thresholds: int8_threshold 0.9 and 0.95 fail on the base config alone
+ * (bf16_threshold 0.6) but every combination with bf16_threshold 0.97 or 0.99 is valid, so the sweep
+ * runs all four. A combination that fails is named with its values; a value that fails in every
+ * combination is named alone. */
+static void test_sweep_checks_whole_combinations(void)
+{
+    const char *trace = write_trace();
+    char trace_path[512];
+    snprintf(trace_path, sizeof trace_path, "%s", trace);
+    const char *args[] = {"--timestamp", TS, "--sweep", "bf16_threshold=0.97,0.99", "--sweep",
+                          "int8_threshold=0.9,0.95", trace_path, NULL};
+    prism_proc_result r = run_prismctl(args);
+    if (r.exit_code != 0)
+        fprintf(stderr, "stderr: %s", r.err);
+    CU_ASSERT_EQUAL(r.exit_code, 0);
+    size_t lines = 0;
+    for (size_t i = 0; i < r.out_len; i++)
+        lines += r.out[i] == '\n';
+    CU_ASSERT_EQUAL(lines, 5); /* the header and four configurations */
+    prism_proc_result_free(&r);
+    const char *bad[] = {"--sweep", "bf16_threshold=0.97,0.99", "--sweep", "int8_threshold=0.9,0.98", trace_path,
+                         NULL};
+    r = run_prismctl(bad);
+    CU_ASSERT_EQUAL(r.exit_code, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "--sweep combination 2 (bf16_threshold=0.97, int8_threshold=0.98): "
+                                         "int8_threshold: must be less than bf16_threshold"));
+    prism_proc_result_free(&r);
+    const char *alone[] = {"--sweep", "bf16_threshold=0.97,0.99", "--sweep", "int8_threshold=0.9,0.995", trace_path,
+                           NULL};
+    r = run_prismctl(alone);
+    CU_ASSERT_EQUAL(r.exit_code, 2);
+    CU_ASSERT_PTR_NOT_NULL(strstr(r.err, "--sweep int8_threshold=0.995: int8_threshold: must be less than "
+                                         "bf16_threshold"));
+    prism_proc_result_free(&r);
+}
+
 /* --record converts the JSONL trace to a binary one that replays (its header's config, no
  * --config) to the same records; recording that again gives the same records once more. A replay
  * that fails writes no file. */
@@ -454,6 +491,7 @@ static const prism_test_case cases[] = {
     {"test_sweep_rejects_bad_arguments_naming_the_key", test_sweep_rejects_bad_arguments_naming_the_key},
     {"test_sweep_bounds_combinations_times_blocks", test_sweep_bounds_combinations_times_blocks},
     {"test_sweep_table_shows_long_values_whole", test_sweep_table_shows_long_values_whole},
+    {"test_sweep_checks_whole_combinations", test_sweep_checks_whole_combinations},
     {"test_record_round_trip", test_record_round_trip},
     {"test_sweep_of_a_binary_trace_uses_its_header_config", test_sweep_of_a_binary_trace_uses_its_header_config},
     {NULL, NULL},
