@@ -127,7 +127,10 @@ class Run:
     def spawn(self, argv, log, **kw):
         fd = os.open(os.path.join(self.dir, log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            p = subprocess.Popen(argv, stderr=fd, stdout=subprocess.DEVNULL, **kw)
+            # Its own process group (and session): stop() ends the process and anything it started,
+            # and a signal to run.py's group (a terminal's ^C, a test's kill) does not reach it
+            # before run.py's own handler has stopped it in order.
+            p = subprocess.Popen(argv, stderr=fd, stdout=subprocess.DEVNULL, start_new_session=True, **kw)
         finally:
             os.close(fd)
         self.procs.append(p)
@@ -206,10 +209,7 @@ class Run:
         deadline = time.monotonic() + self.args.config_timeout_s
         while any(t.poll() is None for t in trainers):
             if time.monotonic() > deadline:
-                for t in trainers:  # each rank's Python stack into its log (train.py's faulthandler)
-                    if t.poll() is None:
-                        t.send_signal(signal.SIGUSR1)
-                time.sleep(1)
+                self.dump_stacks(trainers)
                 raise RuntimeError(f"{cfg['name']}: the trainers did not finish in {self.args.config_timeout_s} s "
                                    f"(logs in {self.dir})")
             failed = [t for t in trainers if t.poll() not in (None, 0)]
@@ -252,16 +252,53 @@ class Run:
                     out["telemetry"] = os.path.relpath(os.path.join(self.dir, "telemetry.jsonl"), self.args.out)
         return out
 
+    def dump_stacks(self, trainers, timeout_s=10):
+        """Asks every trainer still running for its Python stack (train.py's faulthandler writes it
+        to the trainer's log on SIGUSR1) and waits, at most timeout_s, until each log shows one or
+        the trainer has exited."""
+        logs = {}
+        for r, t in enumerate(trainers):
+            if t.poll() is None:
+                path = os.path.join(self.dir, f"trainer{r}.log")
+                logs[r] = (t, path, os.path.getsize(path) if os.path.exists(path) else 0)
+                t.send_signal(signal.SIGUSR1)
+
+        def dumped():
+            for t, path, size in logs.values():
+                if t.poll() is not None:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(size)
+                    if b"most recent call first" not in f.read():
+                        return False
+            return True
+
+        try:
+            bounded_wait("the trainers' stacks", dumped, timeout_s)
+        except RuntimeError:
+            pass  # the error that follows says the run overran; the logs hold what they hold
+
     def stop(self):
+        """Ends every process this run started and its process group: SIGTERM, then SIGKILL to the
+        groups of those still running after 15 s. Returns when every one has exited."""
         for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+            signal_group(p, signal.SIGTERM)
         for p in reversed(self.procs):
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+                pass
+            signal_group(p, signal.SIGKILL)  # the process if still there, and anything left in its group
+            p.wait(timeout=10)
+
+
+def signal_group(p, sig):
+    """Sends sig to p's process group (p leads one: spawn's start_new_session); nothing when the
+    group is gone."""
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def tail(path, n=2000):
@@ -442,6 +479,9 @@ def static_low_count(results, settings, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    # SIGTERM (a test's timeout, a job scheduler) unwinds like an error: each run's finally stops
+    # its prismd, agents and trainers, which are in process groups of their own.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = args.settings
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")

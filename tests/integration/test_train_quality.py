@@ -14,6 +14,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import run  # noqa: E402
 
 STEPS = run.SMOKE["steps"]
 LAYERS = run.SMOKE["layers"]
+RUN_TIMEOUT_S = 240  # below ctest's TIMEOUT (tests/train_quality.cmake: 300)
 PRISM_CONFIGS = [c["name"] for c in run.CONFIGS if c["prism"]]
 
 
@@ -64,10 +66,24 @@ class TrainQualitySmokeTest(unittest.TestCase):
         cls.readme = os.path.join(cls.dir, "README.md")
         with open(cls.readme, "w") as f:
             f.write(f"# before\n\n{report.RESULTS_BEGIN}\nold table\n{report.RESULTS_END}\n\n## after\n")
-        proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--build-dir", BUILD,
-                               "--out", cls.dir, "--readme", cls.readme], capture_output=True, text=True,
-                              timeout=600)
-        cls.stderr = proc.stderr
+        # run.py in a process group of its own; prismd, the agents and the trainers each in
+        # theirs (run.py stops them on SIGTERM). Past RUN_TIMEOUT_S (below ctest's TIMEOUT, so that
+        # this test, not ctest, ends it), run.py gets SIGTERM, then its group SIGKILL.
+        proc = subprocess.Popen([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--build-dir", BUILD,
+                                 "--out", cls.dir, "--readme", cls.readme], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                _, stderr = proc.communicate(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, stderr = proc.communicate()
+            stderr += f"\n(test: run.py --smoke ran past {RUN_TIMEOUT_S} s and was stopped)"
+            proc.returncode = proc.returncode or 1
+        cls.stderr = stderr
         if proc.returncode != 0:
             for name in sorted(os.listdir(os.path.join(cls.dir, "runs"))) if os.path.isdir(
                     os.path.join(cls.dir, "runs")) else []:
@@ -77,7 +93,7 @@ class TrainQualitySmokeTest(unittest.TestCase):
                         with open(path, errors="replace") as f:
                             sys.stderr.write(f"---- {name}/{log} ----\n{f.read()[-3000:]}\n")
             shutil.rmtree(cls.dir, ignore_errors=True)
-            raise AssertionError(f"run.py --smoke exited with {proc.returncode}:\n{proc.stderr}")
+            raise AssertionError(f"run.py --smoke exited with {proc.returncode}:\n{stderr}")
         with open(os.path.join(cls.dir, "results.json")) as f:
             cls.doc = json.load(f)
         cls.results = cls.doc["configs"]
