@@ -62,7 +62,7 @@ STATIC_RANDOM_SEED = 16
 
 # The experiment's settings (train.py's options) and the smoke test's.
 FULL = {"steps": 2000, "layers": 8, "width": 256, "heads": 4, "context": 128, "batch": 16, "lr": 1e-3,
-        "eval_every": 50, "eval_windows": 128, "max_files": None, "seed": 1, "last_evals": 5}
+        "eval_every": 50, "eval_windows": 512, "max_files": None, "seed": 1, "last_evals": 5}
 SMOKE = {"steps": 8, "layers": 3, "width": 32, "heads": 2, "context": 32, "batch": 4, "lr": 1e-3,
          "eval_every": 4, "eval_windows": 8, "max_files": 20, "seed": 1, "last_evals": 2}
 # prismd's policy config for the dynamic runs; "low_precision" is added per configuration. The

@@ -21,7 +21,8 @@ configuration changes:
                    that wire format ("map": each block's format in the current map).
 
 Held-out loss: the mean cross-entropy (nats per byte) of the model's full-precision weights (the
-optimizer's; no block quantized) over --eval-windows fixed windows of the held-out split, split
+optimizer's; no block quantized) over --eval-windows fixed windows of the held-out split
+(stratified by file: corpus.window_starts), split
 between the ranks and summed exactly, at step 0 and every --eval-every steps and after the last.
 
 Figures per step: the share of the blocks' BF16 bytes that the map in effect put low, and the
@@ -80,7 +81,7 @@ def parse_args(argv=None):
     ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--eval-windows", type=int, default=128, help="held-out windows (split between the ranks)")
+    ap.add_argument("--eval-windows", type=int, default=512, help="held-out windows (split between the ranks)")
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--calib-batch", type=int, default=8, help="sequences per calibration forward pass")
     ap.add_argument("--calibrate-at", type=int, default=0,
@@ -188,7 +189,7 @@ def main(argv=None):
     if args.world > 1:
         dist.init_process_group("gloo", init_method=f"file://{os.path.abspath(args.dist_file)}", rank=args.rank,
                                 world_size=args.world)
-    train, held, corpus_info = corpus.load(args.max_files)
+    train, held, held_spans, corpus_info = corpus.load(args.max_files)
     model = GPT(args.layers, args.width, args.heads, args.context)
     n_params = sum(p.numel() for p in model.parameters())
     block_numel = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
@@ -214,7 +215,7 @@ def main(argv=None):
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.seed * 1000 + args.rank)
     calib_gen = torch.Generator().manual_seed(args.seed * 1000 + 500 + args.rank)
-    windows = corpus.eval_windows(held, args.eval_windows, args.context)
+    windows = corpus.eval_windows(held, held_spans, args.eval_windows, args.context)
     log = open(args.log, "w", buffering=1) if args.log else None
 
     evals = [[0, evaluate(model, windows, args)]]
