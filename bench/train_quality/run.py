@@ -13,8 +13,10 @@ configuration with Prism gets a real prismd (its own data directory and config) 
 prism-agent per rank. Logs, prismd's data (telemetry, trace) and each rank's results stay in
 OUT/runs/NAME/ (git-ignored). --configs runs some of them: results of the others already in
 OUT/results.json are kept when they were made with the same settings (steps, model, batch, seed,
-corpus), so a long run can be done in pieces; results of other settings are not replaced
-without --fresh. --report-only rewrites the sweep, the plot and the table from results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
+evaluation, the corpus's SHA-256s, packages' versions and exclusion rule, torch's version), so a
+long run can be done in pieces; results of other settings are not replaced without --fresh. Kept
+static-* results whose forced block count is not prism-int8's final one are dropped (said on
+stderr). The static plans need a prism-int8 result (or --static-low N). --report-only rewrites the sweep, the plot and the table from results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
 configuration; see tests/integration/test_train_quality.py)."""
 
 import argparse
@@ -389,23 +391,51 @@ def previous_doc(path):
         return json.load(f)
 
 
+def corpus_key(settings):
+    """What identifies the corpus a run trains and evaluates on (corpus.load's info less the file
+    lists): each split's files, bytes and SHA-256, the packages' versions, the exclusion rule."""
+    import corpus
+    info = corpus.load(settings["max_files"])[3]
+    return {"packages": info["packages"], "excluded_rule": info["excluded_rule"],
+            "held_out_rule": info["held_out_rule"], "train": info["train"], "held_out": info["held_out"]}
+
+
 def settings_key(s):
-    return {k: s[k] for k in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
-                              "eval_windows", "max_files", "seed")}
+    """The settings results must share to sit in one results.json: train.py's options, the
+    corpus (corpus_key) and torch's version. s["corpus"] and s["torch"] are filled in by main."""
+    import torch
+    key = {k: s[k] for k in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
+                             "eval_windows", "max_files", "seed")}
+    key["corpus"] = s["corpus"] if "corpus" in s else corpus_key(s)
+    key["torch"] = torch.__version__
+    return key
 
 
-def load_results(path, settings, fresh):
-    """results.json's configurations when they were made with these settings; {} with fresh or
-    without a results.json. Results of other settings are never overwritten silently: exits
-    unless fresh."""
+def load_results(path, key, fresh):
+    """results.json's configurations when they were made with these settings (key: settings_key);
+    {} with fresh or without a results.json. Results of other settings are never overwritten
+    silently: exits unless fresh."""
     if fresh or not os.path.exists(path):
         return {}
     with open(path) as f:
         old = json.load(f)
-    if old.get("settings") != settings_key(settings):
-        sys.exit(f"run.py: {path} holds results made with other settings ({old.get('settings')}); use another "
-                 "--out, or --fresh to replace them")
+    if old.get("settings") != key:
+        theirs = old.get("settings") or {}
+        differ = sorted(k for k in set(theirs) | set(key) if theirs.get(k) != key.get(k))
+        sys.exit(f"run.py: {path} holds results made with other settings (they differ in: {', '.join(differ)}); "
+                 "use another --out, or --fresh to replace them")
     return old.get("configs", {})
+
+
+def stale_statics(results):
+    """The static-* results whose forced block count is not prism-int8's final_low_blocks (made
+    against another prism-int8 run, or with --static-low): not comparable with the prism-int8
+    result at hand."""
+    p = results.get("prism-int8")
+    if not p:
+        return []
+    return [n for n in ("static-first", "static-random")
+            if n in results and len(results[n].get("forced_low", [])) != p["final_low_blocks"]]
 
 
 def machine():
@@ -439,7 +469,8 @@ def parse_args(argv=None):
                     help="start OUT/results.json afresh (needed when it holds results of other settings)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--static-low", type=int, default=None,
-                    help="blocks the static plans put low when prism-int8 has no result (default: half)")
+                    help="blocks the static plans put low when there is no prism-int8 result (without it and "
+                         "without a prism-int8 result, the static plans are refused)")
     ap.add_argument("--config-timeout-s", type=float, default=None,
                     help="most seconds one configuration may take (default: 120 with --smoke, else 20 x steps + 600)")
     for key, value in FULL.items():
@@ -465,13 +496,17 @@ def parse_args(argv=None):
     return args
 
 
-def static_low_count(results, settings, args):
-    """(blocks the static plans put low, where that number came from)."""
+def static_low_count(results, args):
+    """(blocks the static plans put low, where that number came from): prism-int8's final count,
+    else --static-low; RuntimeError when there is neither."""
     prism = results.get("prism-int8")
     if prism:
         return prism["final_low_blocks"], "prism-int8"
-    n = args.static_low if args.static_low is not None else settings["layers"] // 2
-    return n, "--static-low" if args.static_low is not None else "half the blocks (no prism-int8 result)"
+    if args.static_low is not None:
+        return args.static_low, "--static-low"
+    raise RuntimeError("the static plans put as many blocks low as prism-int8 ended with, and there is no "
+                       "prism-int8 result: run prism-int8 first (in this run or into the same --out), or give "
+                       "--static-low N")
 
 
 def main(argv=None):
@@ -482,8 +517,22 @@ def main(argv=None):
     settings = args.settings
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
-    results = load_results(results_path, settings, args.fresh)
-    old = previous_doc(results_path) if results else None
+    if args.report_only:
+        # The report of what results.json holds, whatever settings it was made with.
+        if not os.path.exists(results_path):
+            sys.exit(f"run.py: --report-only: no {results_path}")
+        old = previous_doc(results_path)
+        results = old.get("configs", {})
+        key, last_evals = old["settings"], old.get("last_evals", settings["last_evals"])
+    else:
+        statics = [n for n in args.names if n.startswith("static-")]
+        settings["corpus"] = corpus_key(settings)
+        key, last_evals = settings_key(settings), settings["last_evals"]
+        results = load_results(results_path, key, args.fresh)
+        old = previous_doc(results_path) if results else None
+        if statics and "prism-int8" not in results and "prism-int8" not in args.names and args.static_low is None:
+            sys.exit(f"run.py: {statics[0]} puts as many blocks low as prism-int8 ended with, and {results_path} "
+                     "has no prism-int8 result: add prism-int8 to --configs, or give --static-low N")
     old_sweep = old.get("sweep") if old else None
     failures = []
     ran = []  # the configurations run now
@@ -496,11 +545,14 @@ def main(argv=None):
         for name in args.names:
             ran.append(name)
             cfg = BY_NAME[name]
-            static_low, source = static_low_count(results, settings, args)
-            run = Run(cfg, settings, args, static_low)
+            static_low, source = None, None
+            run = None
             t0 = time.monotonic()
             print(f"run.py: {name} ...", file=sys.stderr, flush=True)
             try:
+                if cfg["prism"] in ("static-first", "static-random"):
+                    static_low, source = static_low_count(results, args)
+                run = Run(cfg, settings, args, static_low)
                 if cfg["prism"]:
                     run.start_prism()
                 ranks = run.train()
@@ -511,29 +563,40 @@ def main(argv=None):
                 results.pop(name, None)
                 continue
             finally:
-                run.stop()
+                if run is not None:
+                    run.stop()
             results[name] = summarize(cfg, ranks, settings, prismd, (static_low, source), run.forced)
             r = results[name]
             print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-            write_results(results_path, settings, results)
+            drop_stale_statics(results)
+            write_results(results_path, key, last_evals, results)
+    drop_stale_statics(results)
     swept, why = sweep(args, results)
     if swept is None and old_sweep and "prism-int8" in results and "prism-int8" not in ran:
         swept, why = old_sweep, None  # the sweep of the same prism-int8 run, made before
     if swept is None:
         print(f"run.py: no sweep: {why}", file=sys.stderr)
     # A run that ran nothing keeps the date and machine of the results it rewrites.
-    doc = write_results(results_path, settings, results, swept, why, None if ran else old)
+    doc = write_results(results_path, key, last_evals, results, swept, why, None if ran else old)
     report.write(args.out, doc, args.readme)
     if failures:
         sys.exit(f"run.py: failed: {', '.join(failures)}")
 
 
-def write_results(path, settings, results, swept=None, why=None, old=None):
+def drop_stale_statics(results):
+    """Drops (and says so) the static-* results stale_statics names."""
+    for name in stale_statics(results):
+        print(f"run.py: dropping {name}: it forced {len(results[name]['forced_low'])} blocks low, prism-int8 ended "
+              f"with {results['prism-int8']['final_low_blocks']}; run it again", file=sys.stderr, flush=True)
+        del results[name]
+
+
+def write_results(path, key, last_evals, results, swept=None, why=None, old=None):
     ordered = {c["name"]: results[c["name"]] for c in CONFIGS if c["name"] in results}
     doc = {"generated": old["generated"] if old else
            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": old["machine"] if old else machine(), "settings": settings_key(settings), "last_evals": settings["last_evals"],
+           "machine": old["machine"] if old else machine(), "settings": key, "last_evals": last_evals,
            "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
