@@ -44,7 +44,8 @@ import report  # noqa: E402
 # Every configuration (the issue's list, in the order they run: static plans take their block
 # count from prism-int8). prism: None (no prismd), "dynamic" (the policy decides), "uniform"
 # (every block forced low), "static-first" / "static-random" (as many blocks forced low as
-# prism-int8 ended with: the first ones / a random set with a fixed seed). hook: the DDP hook's
+# prism-int8 ended with: the first ones / a random set with a fixed seed; BF16 before prism-int8's
+# first low step, train.py's --low-from, so that they save over the same steps). hook: the DDP hook's
 # wire format, or None (DDP's own FP32 all-reduce).
 CONFIGS = [
     {"name": "bf16", "prism": None, "low": None, "hook": None},
@@ -84,6 +85,18 @@ DESIGN_DEFAULTS = {"bf16_threshold": 0.6, "int8_threshold": 0.3, "grad_sensitivi
 SMOKE_SWEEP = [("bf16_threshold", "0.99,1"), ("int8_threshold", "0.5,0.98")]
 
 
+def forced_blocks(plan, n_blocks, k):
+    """The blocks a fixed plan forces low, sorted: "uniform" every one of n_blocks; "static-first"
+    the first k; "static-random" k of them drawn by random.Random(STATIC_RANDOM_SEED)."""
+    if plan == "uniform":
+        return list(range(n_blocks))
+    if plan == "static-first":
+        return list(range(k))
+    if plan == "static-random":
+        return sorted(random.Random(STATIC_RANDOM_SEED).sample(range(n_blocks), k))
+    raise ValueError(f"forced_blocks: unknown plan {plan!r}")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,7 +127,7 @@ def bounded_wait(what, predicate, timeout_s, every_s=0.05):
 class Run:
     """The processes of one configuration, in OUT/runs/NAME/. stop() ends every one still running."""
 
-    def __init__(self, cfg, settings, args, static_low):
+    def __init__(self, cfg, settings, args, static_low, low_from=0):
         self.cfg, self.settings, self.args = cfg, settings, args
         self.dir = os.path.join(args.out, "runs", cfg["name"])
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -122,6 +135,7 @@ class Run:
         self.procs = []  # every process started, stopped in reverse order
         self.services = []  # prismd and the agents: none may exit while the ranks train
         self.static_low = static_low
+        self.low_from = low_from
         self.forced = []
         self.http = None
         self.job = "train-quality"
@@ -147,12 +161,8 @@ class Run:
             with open(POLICY_FILE) as f:
                 base = json.load(f)
         base["low_precision"] = cfg["low"]
-        if cfg["prism"] == "uniform":
-            self.forced = list(range(n_blocks))
-        elif cfg["prism"] == "static-first":
-            self.forced = list(range(self.static_low))
-        elif cfg["prism"] == "static-random":
-            self.forced = sorted(random.Random(STATIC_RANDOM_SEED).sample(range(n_blocks), self.static_low))
+        if cfg["prism"] != "dynamic":
+            self.forced = forced_blocks(cfg["prism"], n_blocks, self.static_low)
         if cfg["prism"] != "dynamic":
             # Fixed plans: overrides only (DESIGN 4.2 "static"), no calibration to run.
             base.update(mode="static", force_int8_blocks=self.forced, run_calibration=False)
@@ -205,6 +215,8 @@ class Run:
                          "--calibrate-at", str(max(0, self.policy_doc.get("warmup_steps", 10) - 10))]
                 if self.args.smoke:
                     argv += ["--wait-map-at", str(SMOKE_WAIT_AT), "--wait-map-s", "60"]
+            if self.low_from:
+                argv += ["--low-from", str(self.low_from)]
             if cfg["hook"]:
                 argv += ["--hook", cfg["hook"]]
             trainers.append(self.spawn(argv, f"trainer{r}.log", env=env))
@@ -311,7 +323,7 @@ def tail(path, n=2000):
         return "(no log)"
 
 
-def summarize(cfg, ranks, settings, prismd, static_low, forced):
+def summarize(cfg, ranks, settings, prismd, static_low, forced, low_from):
     """One configuration's entry in results.json, from its ranks' results (rank 0's figures; the
     ranks' parameters compared)."""
     r0 = ranks[0]
@@ -340,8 +352,11 @@ def summarize(cfg, ranks, settings, prismd, static_low, forced):
                    reports_dropped=sum(r["client_counters"].get("reports_dropped", 0) for r in ranks))
     if cfg["prism"] and cfg["prism"] != "dynamic":
         out["forced_low"] = forced
+    if cfg["prism"] == "dynamic":
+        out["first_low_step"] = first_low_step(out)
     if cfg["prism"] in ("static-first", "static-random"):
         out["static_low_from"] = static_low
+        out["low_from_step"] = low_from  # train.py's --low-from: BF16 before it whatever the map said
     return out
 
 
@@ -427,15 +442,25 @@ def load_results(path, key, fresh):
     return old.get("configs", {})
 
 
+def first_low_step(result):
+    """The first step at which a result's trainers ran with a block low (its switches), or None."""
+    for step, _, precisions in result.get("switches") or []:
+        if any(p != "bf16" for p in precisions):
+            return step
+    return None
+
+
 def stale_statics(results):
-    """The static-* results whose forced block count is not prism-int8's final_low_blocks (made
-    against another prism-int8 run, or with --static-low): not comparable with the prism-int8
-    result at hand."""
+    """The static-* results not made against the prism-int8 result at hand: their forced block
+    count is not its final_low_blocks, or they went low from another step than its first low step
+    (made against another prism-int8 run, or with --static-low)."""
     p = results.get("prism-int8")
     if not p:
         return []
+    k, step = p["final_low_blocks"], first_low_step(p) or 0
     return [n for n in ("static-first", "static-random")
-            if n in results and len(results[n].get("forced_low", [])) != p["final_low_blocks"]]
+            if n in results and (len(results[n].get("forced_low", [])) != k
+                                 or results[n].get("low_from_step", 0) != step)]
 
 
 def machine():
@@ -496,14 +521,15 @@ def parse_args(argv=None):
     return args
 
 
-def static_low_count(results, args):
-    """(blocks the static plans put low, where that number came from): prism-int8's final count,
-    else --static-low; RuntimeError when there is neither."""
+def static_plan(results, args):
+    """(blocks the static plans put low, where that number came from, the step they go low from):
+    prism-int8's final count and first low step, else --static-low from step 0; RuntimeError when
+    there is neither."""
     prism = results.get("prism-int8")
     if prism:
-        return prism["final_low_blocks"], "prism-int8"
+        return prism["final_low_blocks"], "prism-int8", first_low_step(prism) or 0
     if args.static_low is not None:
-        return args.static_low, "--static-low"
+        return args.static_low, "--static-low", 0
     raise RuntimeError("the static plans put as many blocks low as prism-int8 ended with, and there is no "
                        "prism-int8 result: run prism-int8 first (in this run or into the same --out), or give "
                        "--static-low N")
@@ -545,14 +571,14 @@ def main(argv=None):
         for name in args.names:
             ran.append(name)
             cfg = BY_NAME[name]
-            static_low, source = None, None
+            static_low, source, low_from = None, None, 0
             run = None
             t0 = time.monotonic()
             print(f"run.py: {name} ...", file=sys.stderr, flush=True)
             try:
                 if cfg["prism"] in ("static-first", "static-random"):
-                    static_low, source = static_low_count(results, args)
-                run = Run(cfg, settings, args, static_low)
+                    static_low, source, low_from = static_plan(results, args)
+                run = Run(cfg, settings, args, static_low, low_from)
                 if cfg["prism"]:
                     run.start_prism()
                 ranks = run.train()
@@ -565,13 +591,14 @@ def main(argv=None):
             finally:
                 if run is not None:
                     run.stop()
-            results[name] = summarize(cfg, ranks, settings, prismd, (static_low, source), run.forced)
+            results[name] = summarize(cfg, ranks, settings, prismd, (static_low, source), run.forced, low_from)
             r = results[name]
             print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             drop_stale_statics(results)
             write_results(results_path, key, last_evals, results)
-    drop_stale_statics(results)
+    if not args.report_only:
+        drop_stale_statics(results)
     swept, why = sweep(args, results)
     if swept is None and old_sweep and "prism-int8" in results and "prism-int8" not in ran:
         swept, why = old_sweep, None  # the sweep of the same prism-int8 run, made before

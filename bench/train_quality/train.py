@@ -88,6 +88,10 @@ def parse_args(argv=None):
                     help="calibrate at the first step from this one at which prismd wants it (run.py: 10 steps "
                          "before the policy's first decision; an untrained model's blocks barely change the "
                          "residual stream, and their errors measure ~0)")
+    ap.add_argument("--low-from", type=int, default=0,
+                    help="blocks stay BF16 before this step whatever the map says (the map's weights are put "
+                         "back to full precision before the forward pass; the static plans: prism-int8's first "
+                         "step with a block low, so that they save over the same steps)")
     ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each split")
     ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads per rank")
     ap.add_argument("--wait-map-at", type=int, default=-1,
@@ -170,6 +174,15 @@ def wait_for_agent(pt, timeout_s):
         time.sleep(0.02)
 
 
+def hold_bf16(pt):
+    """Undoes what begin_step applied: every block's full-precision weights back (--low-from). A
+    compute plan (Linears patched low) would need undoing too; these runs have none, and a run
+    that had one is refused rather than measured wrongly."""
+    if pt.compute_low:
+        raise SystemExit("train.py: --low-from with a compute plan in effect is not supported")
+    pt._restore_weights()
+
+
 def wait_for_map(pt, step, timeout_s):
     """Polls the client until a map (version >= 1) is in effect at `step`, at most timeout_s.
     Returns the seconds waited, or None when none came."""
@@ -240,6 +253,9 @@ def main(argv=None):
         if pt is not None:
             pt.begin_step(step)
             precisions = pt.precisions()
+            if step < args.low_from:
+                hold_bf16(pt)
+                precisions = ["bf16"] * args.layers
         x, y = corpus.train_batch(train, gen, args.batch, args.context)
         opt.zero_grad(set_to_none=True)
         with autocast():
@@ -289,7 +305,7 @@ def main(argv=None):
                   "params": n_params, "block_params": block_numel},
         "train": {"batch_per_rank": args.batch, "lr": args.lr, "warmup_frac": args.warmup_frac,
                   "weight_decay": args.weight_decay, "clip": args.clip, "seed": args.seed,
-                  "tokens_per_step": args.batch * args.context * args.world},
+                  "tokens_per_step": args.batch * args.context * args.world, "low_from": args.low_from},
         "corpus": corpus_info,
         "prism": pt is not None, "low": args.low if pt is not None else None, "hook": args.hook,
         "evals": evals, "train_loss": train_loss, "finite": finite,
