@@ -96,9 +96,11 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads per rank")
     ap.add_argument("--wait-map-at", type=int, default=-1,
                     help="at this step, wait (at most --wait-map-s) until a map from prismd is in effect "
-                         "(the smoke test: a handful of steps must see one); and before step 0 until the "
-                         "agent is connected to prismd (so that the first steps' reports are not dropped)")
-    ap.add_argument("--wait-map-s", type=float, default=120.0)
+                         "(the smoke test: a handful of steps must see one)")
+    ap.add_argument("--wait-map-s", type=float, default=120.0,
+                    help="the most seconds to wait for a map (--wait-map-at) and, with Prism, before step 0 "
+                         "until the agent is connected to prismd (so that the first steps' reports are not "
+                         "dropped)")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or args.eval_windows < args.world:
         ap.error("--steps and --eval-every must be at least 1, --eval-windows at least --world")
@@ -240,7 +242,7 @@ def main(argv=None):
     eval_seconds = 0.0
     finite = math.isfinite(evals[0][1])
     agent_wait_s = None
-    if pt is not None and args.wait_map_at >= 0:
+    if pt is not None:  # every run: the first steps' reports must reach prismd
         agent_wait_s = wait_for_agent(pt, args.wait_map_s)
     t_start = time.monotonic()
     for step in range(args.steps):

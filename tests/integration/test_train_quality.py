@@ -125,6 +125,50 @@ class TrainQualitySmokeTest(unittest.TestCase):
         # evaluation is the same number.
         self.assertEqual(len({r["evals"][0][1] for r in self.results.values()}), 1)
 
+    def steps_log(self, name, rank=0):
+        with open(os.path.join(self.dir, "runs", name, f"steps{rank}.jsonl")) as f:
+            return [json.loads(line) for line in f]
+
+    def test_the_first_training_step_is_the_same_everywhere(self):
+        # Same weights, same first batch, no map before the first decision, hook or not (the
+        # loss comes before the all-reduce): step 0's training loss is one number on each rank.
+        for rank in (0, 1):
+            with self.subTest(rank=rank):
+                losses = {name: self.steps_log(name, rank)[0]["loss"] for name in self.results}
+                self.assertEqual(len(set(losses.values())), 1, losses)
+
+    def test_low_share_is_what_the_steps_ran_with(self):
+        # The reported share of block bytes low, recomputed from each step's precisions (what the
+        # trainer applied, BF16 before --low-from) and the blocks' BF16 bytes, in train.py's order.
+        for name, r in self.results.items():
+            with self.subTest(name):
+                block_bytes = [2 * n for n in r["model"]["block_params"]]
+                total = 0.0
+                rows = self.steps_log(name)
+                for row in rows:
+                    total += sum(block_bytes[i] for i, p in enumerate(row["precisions"]) if p != "bf16") / sum(
+                        block_bytes)
+                self.assertEqual(total / len(rows), r["low_share"])
+                if r.get("low_from_step"):
+                    self.assertTrue(all(p == "bf16" for row in rows[:r["low_from_step"]] for p in row["precisions"]))
+
+    def test_the_splits_are_disjoint_and_not_empty(self):
+        import corpus
+        info = self.results["bf16"]["corpus"]
+        for max_files in (run.SMOKE["max_files"], None):
+            with self.subTest(max_files=max_files):
+                splits = corpus.splits(max_files)
+                self.assertTrue(splits["train"] and splits["held_out"])
+                self.assertFalse(set(splits["train"]) & set(splits["held_out"]))
+                self.assertFalse({os.path.relpath(f, corpus.ROOT) for f in splits["train"] + splits["held_out"]}
+                                 & set(info["excluded"]))
+                if max_files == run.SMOKE["max_files"]:  # what the smoke run trained and evaluated on
+                    self.assertEqual([info["train"]["files"], info["held_out"]["files"]],
+                                     [len(splits["train"]), len(splits["held_out"])])
+        self.assertIn("pydoc_data/topics.py", info["excluded"])
+        self.assertIn("encodings/cp1252.py", info["excluded"])
+        self.assertEqual(self.doc["settings"]["corpus"]["train"], info["train"])
+
     def test_uniform_configurations_had_every_block_low(self):
         for name, fmt in (("uniform-int8", "int8"), ("uniform-fp8", "fp8_e4m3"), ("uniform-int4", "int4")):
             with self.subTest(name):
@@ -161,6 +205,8 @@ class TrainQualitySmokeTest(unittest.TestCase):
         self.assertEqual(rnd["forced_low"], sorted(random.Random(run.STATIC_RANDOM_SEED).sample(range(LAYERS), k)))
         for r in (first, rnd):
             self.assertEqual(r["static_low_from"], [k, "prism-int8"])
+            # Low from prism-int8's first step with a block low, as prism-int8 was.
+            self.assertEqual(r["low_from_step"], self.results["prism-int8"]["first_low_step"])
             self.assertEqual(r["final_low_blocks"], k)
             self.assertEqual([b for b, p in enumerate(r["prismd"]["precisions"]) if p == "int8"], r["forced_low"])
 
@@ -216,6 +262,30 @@ class TrainQualitySmokeTest(unittest.TestCase):
         self.assertNotIn("old table", text)
         for name in self.results:
             self.assertIn(f"\n| {name} | ", text)
+
+
+class StaticPlanTest(unittest.TestCase):
+    """The fixed plans' blocks, without processes."""
+
+    def test_forced_blocks(self):
+        self.assertEqual(run.forced_blocks("static-first", 8, 3), [0, 1, 2])
+        self.assertEqual(run.forced_blocks("static-random", 8, 3), [3, 5, 6])  # random.Random(16)
+        self.assertEqual(run.forced_blocks("uniform", 8, None), list(range(8)))
+        with self.assertRaises(ValueError):
+            run.forced_blocks("dynamic", 8, 3)
+
+    def test_first_low_step(self):
+        self.assertEqual(run.first_low_step({"switches": [[2, 1, ["bf16", "bf16"]], [5, 2, ["bf16", "int8"]]]}), 5)
+        self.assertIsNone(run.first_low_step({"switches": [[2, 1, ["bf16", "bf16"]]]}))
+
+    def test_stale_static_results(self):
+        p = {"final_low_blocks": 2, "switches": [[4, 1, ["int8", "int8", "bf16"]]]}
+        ok = {"forced_low": [0, 1], "low_from_step": 4}
+        results = {"prism-int8": p, "static-first": ok, "static-random": {"forced_low": [0], "low_from_step": 4}}
+        self.assertEqual(run.stale_statics(results), ["static-random"])
+        results["static-random"] = {"forced_low": [1, 2], "low_from_step": 0}
+        self.assertEqual(run.stale_statics(results), ["static-random"])
+        self.assertEqual(run.stale_statics({"static-first": ok}), [])
 
 
 if __name__ == "__main__":
