@@ -132,6 +132,10 @@ def section(results, settings, generated, machine):
              f"{settings['last_evals']} evaluations (every {settings['eval_every']} steps, "
              f"{settings['eval_windows']} windows).", "",
              table(results, settings), "", "![held-out loss against step](loss.png)", ""]
+    if "excluded_rule" not in c:
+        lines += ["These results were made on the earlier corpus (before corpus.py left the generated files "
+                  "out and stratified the held-out windows by file): a path check, not the experiment; "
+                  "`run.py --fresh` replaces them.", ""]
     lines += findings(results)
     return lines
 
