@@ -16,8 +16,11 @@ OUT/results.json are kept when they were made with the same settings (steps, mod
 evaluation, the corpus's SHA-256s, packages' versions and exclusion rule, torch's version), so a
 long run can be done in pieces; results of other settings are not replaced without --fresh. Kept
 static-* results whose forced block count is not prism-int8's final one are dropped (said on
-stderr). The static plans need a prism-int8 result (or --static-low N). --report-only rewrites the sweep, the plot and the table from results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
-configuration; see tests/integration/test_train_quality.py)."""
+stderr). The static plans need a prism-int8 result (or --static-low N). --report-only rewrites
+the sweep, the plot and the table from results.json as it is. --smoke is the CI test's setting (a
+tiny model, a handful of steps, every configuration; see tests/integration/test_train_quality.py).
+SIGTERM stops the run in progress (prismd, agents, trainers: each in a process group of its own)
+and exits with 143."""
 
 import argparse
 import datetime

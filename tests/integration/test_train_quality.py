@@ -6,8 +6,12 @@ one real prism-agent per rank. Then results.json is checked: every configuration
 on both ranks with finite losses and ended with the same parameters on both; the uniform ones
 had every block low in prismd's map and in the trainers'; the Prism ones got maps from prismd
 (and the dynamic ones calibrated when prismd asked); the static ones forced the blocks the
-experiment says; the hook ones counted their wire bytes, the others DDP's FP32 figure; and the
-plot and the README section were written from it (the rest of the README left as it was)."""
+experiment says, from prism-int8's first low step; the hook ones counted their wire bytes, the
+others DDP's FP32 figure; step 0's training loss is the same everywhere; low_share is what the
+per-step precisions give; the corpus splits are disjoint, non-empty and without the excluded
+files; the sweep over prism-int8's recorded trace is there and its live row decides as prismd
+did; and the plot and the README section were written from it (the rest of the README left as it
+was). StaticPlanTest checks the fixed plans' block choice without processes."""
 
 import json
 import math
