@@ -60,7 +60,7 @@ def findings(results):
     if p and statics:
         for s in statics:
             diff = s["held_out_loss"] - p["held_out_loss"]
-            since = (f"from step {s['low_from_step']} (prism-int8's first step with a block low)"
+            since = (f"from step {s['low_from_step']}, prism-int8's first step with a block low,"
                      if s.get("low_from_step") else "from the start")
             out.append(f"- {s['name']} (blocks {s.get('forced_low')} forced int8 {since}, "
                        f"{100 * s['low_share']:.1f}% of block bytes low over the run): held-out loss "
