@@ -7,5 +7,6 @@ if(PRISM_PYTHON_TESTS AND NOT PRISM_SANITIZE AND NOT PRISM_TSAN)
   add_test(NAME test_train_quality COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_train_quality.py)
   set_tests_properties(test_train_quality PROPERTIES
     ENVIRONMENT "${PRISM_PY_TEST_ENV};PRISM_BUILD_DIR=${CMAKE_BINARY_DIR};PRISM_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
-    REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>" TIMEOUT 300)
+    REQUIRED_FILES "$<TARGET_FILE:prism>;$<TARGET_FILE:prism-agent>;$<TARGET_FILE:prismd>;$<TARGET_FILE:prismctl>"
+    TIMEOUT 300)
 endif()

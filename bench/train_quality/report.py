@@ -60,7 +60,9 @@ def findings(results):
     if p and statics:
         for s in statics:
             diff = s["held_out_loss"] - p["held_out_loss"]
-            out.append(f"- {s['name']} (blocks {s.get('forced_low')} forced int8 from the start, "
+            since = (f"from step {s['low_from_step']}, prism-int8's first step with a block low,"
+                     if s.get("low_from_step") else "from the start")
+            out.append(f"- {s['name']} (blocks {s.get('forced_low')} forced int8 {since}, "
                        f"{100 * s['low_share']:.1f}% of block bytes low over the run): held-out loss "
                        f"{pct_vs(s['held_out_loss'], b):+.2f}% against bf16, "
                        f"{'worse' if diff > 0 else 'better' if diff < 0 else 'equal'} than prism-int8 by "
@@ -130,6 +132,10 @@ def section(results, settings, generated, machine):
              f"{settings['last_evals']} evaluations (every {settings['eval_every']} steps, "
              f"{settings['eval_windows']} windows).", "",
              table(results, settings), "", "![held-out loss against step](loss.png)", ""]
+    if "excluded_rule" not in c:
+        lines += ["These results were made on the earlier corpus (before corpus.py left the generated files "
+                  "out and stratified the held-out windows by file): a path check, not the experiment; "
+                  "`run.py --fresh` replaces them.", ""]
     lines += findings(results)
     return lines
 

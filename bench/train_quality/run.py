@@ -5,7 +5,7 @@
 One command runs it all:
 
     cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release && \\
-        cmake --build build-release -j --target prismd prism-agent prism
+        cmake --build build-release -j --target prismd prism-agent prism prismctl
     bench/train_quality/run.py --build-dir build-release
 
 Each configuration trains model.GPT on 2 ranks (train.py, torch DDP over gloo on loopback); a
@@ -13,9 +13,14 @@ configuration with Prism gets a real prismd (its own data directory and config) 
 prism-agent per rank. Logs, prismd's data (telemetry, trace) and each rank's results stay in
 OUT/runs/NAME/ (git-ignored). --configs runs some of them: results of the others already in
 OUT/results.json are kept when they were made with the same settings (steps, model, batch, seed,
-corpus), so a long run can be done in pieces; results of other settings are not replaced
-without --fresh. --report-only rewrites the sweep, the plot and the table from results.json. --smoke is the CI test's setting (a tiny model, a handful of steps, every
-configuration; see tests/integration/test_train_quality.py)."""
+evaluation, the corpus's SHA-256s, packages' versions and exclusion rule, torch's version), so a
+long run can be done in pieces; results of other settings are not replaced without --fresh. Kept
+static-* results whose forced block count is not prism-int8's final one are dropped (said on
+stderr). The static plans need a prism-int8 result (or --static-low N). --report-only rewrites
+the sweep, the plot and the table from results.json as it is. --smoke is the CI test's setting (a
+tiny model, a handful of steps, every configuration; see tests/integration/test_train_quality.py).
+SIGTERM stops the run in progress (prismd, agents, trainers: each in a process group of its own)
+and exits with 143."""
 
 import argparse
 import datetime
@@ -42,7 +47,8 @@ import report  # noqa: E402
 # Every configuration (the issue's list, in the order they run: static plans take their block
 # count from prism-int8). prism: None (no prismd), "dynamic" (the policy decides), "uniform"
 # (every block forced low), "static-first" / "static-random" (as many blocks forced low as
-# prism-int8 ended with: the first ones / a random set with a fixed seed). hook: the DDP hook's
+# prism-int8 ended with: the first ones / a random set with a fixed seed; BF16 before prism-int8's
+# first low step, train.py's --low-from, so that they save over the same steps). hook: the DDP hook's
 # wire format, or None (DDP's own FP32 all-reduce).
 CONFIGS = [
     {"name": "bf16", "prism": None, "low": None, "hook": None},
@@ -62,7 +68,7 @@ STATIC_RANDOM_SEED = 16
 
 # The experiment's settings (train.py's options) and the smoke test's.
 FULL = {"steps": 2000, "layers": 8, "width": 256, "heads": 4, "context": 128, "batch": 16, "lr": 1e-3,
-        "eval_every": 50, "eval_windows": 128, "max_files": None, "seed": 1, "last_evals": 5}
+        "eval_every": 50, "eval_windows": 512, "max_files": None, "seed": 1, "last_evals": 5}
 SMOKE = {"steps": 8, "layers": 3, "width": 32, "heads": 2, "context": 32, "batch": 4, "lr": 1e-3,
          "eval_every": 4, "eval_windows": 8, "max_files": 20, "seed": 1, "last_evals": 2}
 # prismd's policy config for the dynamic runs; "low_precision" is added per configuration. The
@@ -80,6 +86,18 @@ SWEEP = [("bf16_threshold", "0.5,0.6,0.7"), ("int8_threshold", "0.2,0.3,0.4"),
 # The smoke test's: each value valid with SMOKE_POLICY's other threshold, SMOKE_POLICY's in it.
 DESIGN_DEFAULTS = {"bf16_threshold": 0.6, "int8_threshold": 0.3, "grad_sensitivity_threshold": 2.0}  # DESIGN 4.1
 SMOKE_SWEEP = [("bf16_threshold", "0.99,1"), ("int8_threshold", "0.5,0.98")]
+
+
+def forced_blocks(plan, n_blocks, k):
+    """The blocks a fixed plan forces low, sorted: "uniform" every one of n_blocks; "static-first"
+    the first k; "static-random" k of them drawn by random.Random(STATIC_RANDOM_SEED)."""
+    if plan == "uniform":
+        return list(range(n_blocks))
+    if plan == "static-first":
+        return list(range(k))
+    if plan == "static-random":
+        return sorted(random.Random(STATIC_RANDOM_SEED).sample(range(n_blocks), k))
+    raise ValueError(f"forced_blocks: unknown plan {plan!r}")
 
 
 def free_port():
@@ -112,7 +130,7 @@ def bounded_wait(what, predicate, timeout_s, every_s=0.05):
 class Run:
     """The processes of one configuration, in OUT/runs/NAME/. stop() ends every one still running."""
 
-    def __init__(self, cfg, settings, args, static_low):
+    def __init__(self, cfg, settings, args, static_low, low_from=0):
         self.cfg, self.settings, self.args = cfg, settings, args
         self.dir = os.path.join(args.out, "runs", cfg["name"])
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -120,6 +138,7 @@ class Run:
         self.procs = []  # every process started, stopped in reverse order
         self.services = []  # prismd and the agents: none may exit while the ranks train
         self.static_low = static_low
+        self.low_from = low_from
         self.forced = []
         self.http = None
         self.job = "train-quality"
@@ -127,7 +146,10 @@ class Run:
     def spawn(self, argv, log, **kw):
         fd = os.open(os.path.join(self.dir, log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            p = subprocess.Popen(argv, stderr=fd, stdout=subprocess.DEVNULL, **kw)
+            # Its own process group (and session): stop() ends the process and anything it started,
+            # and a signal to run.py's group (a terminal's ^C, a test's kill) does not reach it
+            # before run.py's own handler has stopped it in order.
+            p = subprocess.Popen(argv, stderr=fd, stdout=subprocess.DEVNULL, start_new_session=True, **kw)
         finally:
             os.close(fd)
         self.procs.append(p)
@@ -142,12 +164,8 @@ class Run:
             with open(POLICY_FILE) as f:
                 base = json.load(f)
         base["low_precision"] = cfg["low"]
-        if cfg["prism"] == "uniform":
-            self.forced = list(range(n_blocks))
-        elif cfg["prism"] == "static-first":
-            self.forced = list(range(self.static_low))
-        elif cfg["prism"] == "static-random":
-            self.forced = sorted(random.Random(STATIC_RANDOM_SEED).sample(range(n_blocks), self.static_low))
+        if cfg["prism"] != "dynamic":
+            self.forced = forced_blocks(cfg["prism"], n_blocks, self.static_low)
         if cfg["prism"] != "dynamic":
             # Fixed plans: overrides only (DESIGN 4.2 "static"), no calibration to run.
             base.update(mode="static", force_int8_blocks=self.forced, run_calibration=False)
@@ -200,16 +218,15 @@ class Run:
                          "--calibrate-at", str(max(0, self.policy_doc.get("warmup_steps", 10) - 10))]
                 if self.args.smoke:
                     argv += ["--wait-map-at", str(SMOKE_WAIT_AT), "--wait-map-s", "60"]
+            if self.low_from:
+                argv += ["--low-from", str(self.low_from)]
             if cfg["hook"]:
                 argv += ["--hook", cfg["hook"]]
             trainers.append(self.spawn(argv, f"trainer{r}.log", env=env))
         deadline = time.monotonic() + self.args.config_timeout_s
         while any(t.poll() is None for t in trainers):
             if time.monotonic() > deadline:
-                for t in trainers:  # each rank's Python stack into its log (train.py's faulthandler)
-                    if t.poll() is None:
-                        t.send_signal(signal.SIGUSR1)
-                time.sleep(1)
+                self.dump_stacks(trainers)
                 raise RuntimeError(f"{cfg['name']}: the trainers did not finish in {self.args.config_timeout_s} s "
                                    f"(logs in {self.dir})")
             failed = [t for t in trainers if t.poll() not in (None, 0)]
@@ -252,16 +269,53 @@ class Run:
                     out["telemetry"] = os.path.relpath(os.path.join(self.dir, "telemetry.jsonl"), self.args.out)
         return out
 
+    def dump_stacks(self, trainers, timeout_s=10):
+        """Asks every trainer still running for its Python stack (train.py's faulthandler writes it
+        to the trainer's log on SIGUSR1) and waits, at most timeout_s, until each log shows one or
+        the trainer has exited."""
+        logs = {}
+        for r, t in enumerate(trainers):
+            if t.poll() is None:
+                path = os.path.join(self.dir, f"trainer{r}.log")
+                logs[r] = (t, path, os.path.getsize(path) if os.path.exists(path) else 0)
+                t.send_signal(signal.SIGUSR1)
+
+        def dumped():
+            for t, path, size in logs.values():
+                if t.poll() is not None:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(size)
+                    if b"most recent call first" not in f.read():
+                        return False
+            return True
+
+        try:
+            bounded_wait("the trainers' stacks", dumped, timeout_s)
+        except RuntimeError:
+            pass  # the error that follows says the run overran; the logs hold what they hold
+
     def stop(self):
+        """Ends every process this run started and its process group: SIGTERM, then SIGKILL to the
+        groups of those still running after 15 s. Returns when every one has exited."""
         for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+            signal_group(p, signal.SIGTERM)
         for p in reversed(self.procs):
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+                pass
+            signal_group(p, signal.SIGKILL)  # the process if still there, and anything left in its group
+            p.wait(timeout=10)
+
+
+def signal_group(p, sig):
+    """Sends sig to p's process group (p leads one: spawn's start_new_session); nothing when the
+    group is gone."""
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def tail(path, n=2000):
@@ -272,7 +326,7 @@ def tail(path, n=2000):
         return "(no log)"
 
 
-def summarize(cfg, ranks, settings, prismd, static_low, forced):
+def summarize(cfg, ranks, settings, prismd, static_low, forced, low_from):
     """One configuration's entry in results.json, from its ranks' results (rank 0's figures; the
     ranks' parameters compared)."""
     r0 = ranks[0]
@@ -301,8 +355,11 @@ def summarize(cfg, ranks, settings, prismd, static_low, forced):
                    reports_dropped=sum(r["client_counters"].get("reports_dropped", 0) for r in ranks))
     if cfg["prism"] and cfg["prism"] != "dynamic":
         out["forced_low"] = forced
+    if cfg["prism"] == "dynamic":
+        out["first_low_step"] = first_low_step(out)
     if cfg["prism"] in ("static-first", "static-random"):
         out["static_low_from"] = static_low
+        out["low_from_step"] = low_from  # train.py's --low-from: BF16 before it whatever the map said
     return out
 
 
@@ -317,10 +374,7 @@ def sweep(args, results):
     if not os.path.exists(os.path.join(args.out, trace)):
         return None, f"{trace} is not in {args.out}"
     if not os.path.exists(prismctl):
-        return None, f"no {prismctl}"
-    helped = subprocess.run([prismctl, "replay", "--help"], capture_output=True, text=True, timeout=60)
-    if "--sweep" not in helped.stdout + helped.stderr:
-        return None, "this prismctl has no replay --sweep"
+        return None, f"no {prismctl} (build the prismctl target)"
     grid = SMOKE_SWEEP if args.smoke else SWEEP
     argv = ["prismctl", "replay", "--format", "json"]
     for key, values in grid:
@@ -355,23 +409,61 @@ def previous_doc(path):
         return json.load(f)
 
 
+def corpus_key(settings):
+    """What identifies the corpus a run trains and evaluates on (corpus.load's info less the file
+    lists): each split's files, bytes and SHA-256, the packages' versions, the exclusion rule."""
+    import corpus
+    info = corpus.load(settings["max_files"])[3]
+    return {"packages": info["packages"], "excluded_rule": info["excluded_rule"],
+            "held_out_rule": info["held_out_rule"], "train": info["train"], "held_out": info["held_out"]}
+
+
 def settings_key(s):
-    return {k: s[k] for k in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
-                              "eval_windows", "max_files", "seed")}
+    """The settings results must share to sit in one results.json: train.py's options, the
+    corpus (corpus_key) and torch's version. s["corpus"] and s["torch"] are filled in by main."""
+    import torch
+    key = {k: s[k] for k in ("steps", "layers", "width", "heads", "context", "batch", "lr", "eval_every",
+                             "eval_windows", "max_files", "seed")}
+    key["corpus"] = s["corpus"] if "corpus" in s else corpus_key(s)
+    key["torch"] = torch.__version__
+    return key
 
 
-def load_results(path, settings, fresh):
-    """results.json's configurations when they were made with these settings; {} with fresh or
-    without a results.json. Results of other settings are never overwritten silently: exits
-    unless fresh."""
+def load_results(path, key, fresh):
+    """results.json's configurations when they were made with these settings (key: settings_key);
+    {} with fresh or without a results.json. Results of other settings are never overwritten
+    silently: exits unless fresh."""
     if fresh or not os.path.exists(path):
         return {}
     with open(path) as f:
         old = json.load(f)
-    if old.get("settings") != settings_key(settings):
-        sys.exit(f"run.py: {path} holds results made with other settings ({old.get('settings')}); use another "
-                 "--out, or --fresh to replace them")
+    if old.get("settings") != key:
+        theirs = old.get("settings") or {}
+        differ = sorted(k for k in set(theirs) | set(key) if theirs.get(k) != key.get(k))
+        sys.exit(f"run.py: {path} holds results made with other settings (they differ in: {', '.join(differ)}); "
+                 "use another --out, or --fresh to replace them")
     return old.get("configs", {})
+
+
+def first_low_step(result):
+    """The first step at which a result's trainers ran with a block low (its switches), or None."""
+    for step, _, precisions in result.get("switches") or []:
+        if any(p != "bf16" for p in precisions):
+            return step
+    return None
+
+
+def stale_statics(results):
+    """The static-* results not made against the prism-int8 result at hand: their forced block
+    count is not its final_low_blocks, or they went low from another step than its first low step
+    (made against another prism-int8 run, or with --static-low)."""
+    p = results.get("prism-int8")
+    if not p:
+        return []
+    k, step = p["final_low_blocks"], first_low_step(p) or 0
+    return [n for n in ("static-first", "static-random")
+            if n in results and (len(results[n].get("forced_low", [])) != k
+                                 or results[n].get("low_from_step", 0) != step)]
 
 
 def machine():
@@ -405,7 +497,8 @@ def parse_args(argv=None):
                     help="start OUT/results.json afresh (needed when it holds results of other settings)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--static-low", type=int, default=None,
-                    help="blocks the static plans put low when prism-int8 has no result (default: half)")
+                    help="blocks the static plans put low when there is no prism-int8 result (without it and "
+                         "without a prism-int8 result, the static plans are refused)")
     ap.add_argument("--config-timeout-s", type=float, default=None,
                     help="most seconds one configuration may take (default: 120 with --smoke, else 20 x steps + 600)")
     for key, value in FULL.items():
@@ -431,38 +524,64 @@ def parse_args(argv=None):
     return args
 
 
-def static_low_count(results, settings, args):
-    """(blocks the static plans put low, where that number came from)."""
+def static_plan(results, args):
+    """(blocks the static plans put low, where that number came from, the step they go low from):
+    prism-int8's final count and first low step, else --static-low from step 0; RuntimeError when
+    there is neither."""
     prism = results.get("prism-int8")
     if prism:
-        return prism["final_low_blocks"], "prism-int8"
-    n = args.static_low if args.static_low is not None else settings["layers"] // 2
-    return n, "--static-low" if args.static_low is not None else "half the blocks (no prism-int8 result)"
+        return prism["final_low_blocks"], "prism-int8", first_low_step(prism) or 0
+    if args.static_low is not None:
+        return args.static_low, "--static-low", 0
+    raise RuntimeError("the static plans put as many blocks low as prism-int8 ended with, and there is no "
+                       "prism-int8 result: run prism-int8 first (in this run or into the same --out), or give "
+                       "--static-low N")
 
 
 def main(argv=None):
     args = parse_args(argv)
+    # SIGTERM (a test's timeout, a job scheduler) unwinds like an error: each run's finally stops
+    # its prismd, agents and trainers, which are in process groups of their own.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = args.settings
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
-    results = load_results(results_path, settings, args.fresh)
-    old = previous_doc(results_path) if results else None
+    if args.report_only:
+        # The report of what results.json holds, whatever settings it was made with.
+        if not os.path.exists(results_path):
+            sys.exit(f"run.py: --report-only: no {results_path}")
+        old = previous_doc(results_path)
+        results = old.get("configs", {})
+        key, last_evals = old["settings"], old.get("last_evals", settings["last_evals"])
+    else:
+        statics = [n for n in args.names if n.startswith("static-")]
+        settings["corpus"] = corpus_key(settings)
+        key, last_evals = settings_key(settings), settings["last_evals"]
+        results = load_results(results_path, key, args.fresh)
+        old = previous_doc(results_path) if results else None
+        if statics and "prism-int8" not in results and "prism-int8" not in args.names and args.static_low is None:
+            sys.exit(f"run.py: {statics[0]} puts as many blocks low as prism-int8 ended with, and {results_path} "
+                     "has no prism-int8 result: add prism-int8 to --configs, or give --static-low N")
     old_sweep = old.get("sweep") if old else None
     failures = []
     ran = []  # the configurations run now
     if not args.report_only:
-        need = [os.path.join(args.build_dir, p) for p in ("service/prismd", "agent/prism-agent", "lib/libprism.so")]
+        need = [os.path.join(args.build_dir, p) for p in ("service/prismd", "agent/prism-agent", "lib/libprism.so",
+                                                            "service/prismctl")]
         missing = [p for p in need if not os.path.exists(p)]
         if missing:
-            sys.exit(f"run.py: {missing[0]} is missing: build prismd, prism-agent and prism in --build-dir")
+            sys.exit(f"run.py: {missing[0]} is missing: build prismd, prism-agent, prism and prismctl in --build-dir")
         for name in args.names:
             ran.append(name)
             cfg = BY_NAME[name]
-            static_low, source = static_low_count(results, settings, args)
-            run = Run(cfg, settings, args, static_low)
+            static_low, source, low_from = None, None, 0
+            run = None
             t0 = time.monotonic()
             print(f"run.py: {name} ...", file=sys.stderr, flush=True)
             try:
+                if cfg["prism"] in ("static-first", "static-random"):
+                    static_low, source, low_from = static_plan(results, args)
+                run = Run(cfg, settings, args, static_low, low_from)
                 if cfg["prism"]:
                     run.start_prism()
                 ranks = run.train()
@@ -473,29 +592,41 @@ def main(argv=None):
                 results.pop(name, None)
                 continue
             finally:
-                run.stop()
-            results[name] = summarize(cfg, ranks, settings, prismd, (static_low, source), run.forced)
+                if run is not None:
+                    run.stop()
+            results[name] = summarize(cfg, ranks, settings, prismd, (static_low, source), run.forced, low_from)
             r = results[name]
             print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-            write_results(results_path, settings, results)
+            drop_stale_statics(results)
+            write_results(results_path, key, last_evals, results)
+    if not args.report_only:
+        drop_stale_statics(results)
     swept, why = sweep(args, results)
     if swept is None and old_sweep and "prism-int8" in results and "prism-int8" not in ran:
         swept, why = old_sweep, None  # the sweep of the same prism-int8 run, made before
     if swept is None:
         print(f"run.py: no sweep: {why}", file=sys.stderr)
     # A run that ran nothing keeps the date and machine of the results it rewrites.
-    doc = write_results(results_path, settings, results, swept, why, None if ran else old)
+    doc = write_results(results_path, key, last_evals, results, swept, why, None if ran else old)
     report.write(args.out, doc, args.readme)
     if failures:
         sys.exit(f"run.py: failed: {', '.join(failures)}")
 
 
-def write_results(path, settings, results, swept=None, why=None, old=None):
+def drop_stale_statics(results):
+    """Drops (and says so) the static-* results stale_statics names."""
+    for name in stale_statics(results):
+        print(f"run.py: dropping {name}: it forced {len(results[name]['forced_low'])} blocks low, prism-int8 ended "
+              f"with {results['prism-int8']['final_low_blocks']}; run it again", file=sys.stderr, flush=True)
+        del results[name]
+
+
+def write_results(path, key, last_evals, results, swept=None, why=None, old=None):
     ordered = {c["name"]: results[c["name"]] for c in CONFIGS if c["name"] in results}
     doc = {"generated": old["generated"] if old else
            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": old["machine"] if old else machine(), "settings": settings_key(settings), "last_evals": settings["last_evals"],
+           "machine": old["machine"] if old else machine(), "settings": key, "last_evals": last_evals,
            "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -21,7 +21,8 @@ configuration changes:
                    that wire format ("map": each block's format in the current map).
 
 Held-out loss: the mean cross-entropy (nats per byte) of the model's full-precision weights (the
-optimizer's; no block quantized) over --eval-windows fixed windows of the held-out split, split
+optimizer's; no block quantized) over --eval-windows fixed windows of the held-out split
+(stratified by file: corpus.window_starts), split
 between the ranks and summed exactly, at step 0 and every --eval-every steps and after the last.
 
 Figures per step: the share of the blocks' BF16 bytes that the map in effect put low, and the
@@ -80,20 +81,26 @@ def parse_args(argv=None):
     ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--eval-windows", type=int, default=128, help="held-out windows (split between the ranks)")
+    ap.add_argument("--eval-windows", type=int, default=512, help="held-out windows (split between the ranks)")
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--calib-batch", type=int, default=8, help="sequences per calibration forward pass")
     ap.add_argument("--calibrate-at", type=int, default=0,
                     help="calibrate at the first step from this one at which prismd wants it (run.py: 10 steps "
                          "before the policy's first decision; an untrained model's blocks barely change the "
                          "residual stream, and their errors measure ~0)")
+    ap.add_argument("--low-from", type=int, default=0,
+                    help="blocks stay BF16 before this step whatever the map says (the map's weights are put "
+                         "back to full precision before the forward pass; the static plans: prism-int8's first "
+                         "step with a block low, so that they save over the same steps)")
     ap.add_argument("--max-files", type=int, default=None, help="only the first N files of each split")
     ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads per rank")
     ap.add_argument("--wait-map-at", type=int, default=-1,
                     help="at this step, wait (at most --wait-map-s) until a map from prismd is in effect "
-                         "(the smoke test: a handful of steps must see one); and before step 0 until the "
-                         "agent is connected to prismd (so that the first steps' reports are not dropped)")
-    ap.add_argument("--wait-map-s", type=float, default=120.0)
+                         "(the smoke test: a handful of steps must see one)")
+    ap.add_argument("--wait-map-s", type=float, default=120.0,
+                    help="the most seconds to wait for a map (--wait-map-at) and, with Prism, before step 0 "
+                         "until the agent is connected to prismd (so that the first steps' reports are not "
+                         "dropped)")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.eval_every < 1 or args.eval_windows < args.world:
         ap.error("--steps and --eval-every must be at least 1, --eval-windows at least --world")
@@ -169,6 +176,15 @@ def wait_for_agent(pt, timeout_s):
         time.sleep(0.02)
 
 
+def hold_bf16(pt):
+    """Undoes what begin_step applied: every block's full-precision weights back (--low-from). A
+    compute plan (Linears patched low) would need undoing too; these runs have none, and a run
+    that had one is refused rather than measured wrongly."""
+    if pt.compute_low:
+        raise SystemExit("train.py: --low-from with a compute plan in effect is not supported")
+    pt._restore_weights()
+
+
 def wait_for_map(pt, step, timeout_s):
     """Polls the client until a map (version >= 1) is in effect at `step`, at most timeout_s.
     Returns the seconds waited, or None when none came."""
@@ -188,7 +204,7 @@ def main(argv=None):
     if args.world > 1:
         dist.init_process_group("gloo", init_method=f"file://{os.path.abspath(args.dist_file)}", rank=args.rank,
                                 world_size=args.world)
-    train, held, corpus_info = corpus.load(args.max_files)
+    train, held, held_spans, corpus_info = corpus.load(args.max_files)
     model = GPT(args.layers, args.width, args.heads, args.context)
     n_params = sum(p.numel() for p in model.parameters())
     block_numel = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
@@ -214,7 +230,7 @@ def main(argv=None):
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.seed * 1000 + args.rank)
     calib_gen = torch.Generator().manual_seed(args.seed * 1000 + 500 + args.rank)
-    windows = corpus.eval_windows(held, args.eval_windows, args.context)
+    windows = corpus.eval_windows(held, held_spans, args.eval_windows, args.context)
     log = open(args.log, "w", buffering=1) if args.log else None
 
     evals = [[0, evaluate(model, windows, args)]]
@@ -226,7 +242,7 @@ def main(argv=None):
     eval_seconds = 0.0
     finite = math.isfinite(evals[0][1])
     agent_wait_s = None
-    if pt is not None and args.wait_map_at >= 0:
+    if pt is not None:  # every run: the first steps' reports must reach prismd
         agent_wait_s = wait_for_agent(pt, args.wait_map_s)
     t_start = time.monotonic()
     for step in range(args.steps):
@@ -239,6 +255,9 @@ def main(argv=None):
         if pt is not None:
             pt.begin_step(step)
             precisions = pt.precisions()
+            if step < args.low_from:
+                hold_bf16(pt)
+                precisions = ["bf16"] * args.layers
         x, y = corpus.train_batch(train, gen, args.batch, args.context)
         opt.zero_grad(set_to_none=True)
         with autocast():
@@ -288,7 +307,7 @@ def main(argv=None):
                   "params": n_params, "block_params": block_numel},
         "train": {"batch_per_rank": args.batch, "lr": args.lr, "warmup_frac": args.warmup_frac,
                   "weight_decay": args.weight_decay, "clip": args.clip, "seed": args.seed,
-                  "tokens_per_step": args.batch * args.context * args.world},
+                  "tokens_per_step": args.batch * args.context * args.world, "low_from": args.low_from},
         "corpus": corpus_info,
         "prism": pt is not None, "low": args.low if pt is not None else None, "hook": args.hook,
         "evals": evals, "train_loss": train_loss, "finite": finite,
