@@ -19,7 +19,14 @@ static const prism_config_choice low_choices[] = {{"int8", PRISM_PRECISION_INT8}
                                                   {"fp8_e4m3", PRISM_PRECISION_FP8_E4M3},
                                                   {"fp8_e5m2", PRISM_PRECISION_FP8_E5M2},
                                                   {"int4", PRISM_PRECISION_INT4},
+                                                  {"auto", (int)PRISM_LOW_AUTO},
                                                   {NULL, 0}};
+
+static const prism_config_choice scale_choices[] = {{"current", PRISM_SCALE_CURRENT},
+                                                    {"pow2", PRISM_SCALE_POW2},
+                                                    {"delayed", PRISM_SCALE_DELAYED},
+                                                    {"static", PRISM_SCALE_STATIC},
+                                                    {NULL, 0}};
 
 static const prism_config_choice hybrid_low_choices[] = {{"auto", PRISM_HYBRID_LOW_AUTO},
                                                          {"int8", PRISM_HYBRID_LOW_INT8},
@@ -74,7 +81,8 @@ static const prism_config_key keys[] = {
     {"telemetry_file", PRISM_CFG_STRING, OFF(telemetry_file), "\"selective_precision_telemetry.jsonl\"", 0,
      0, false, NULL, "telemetry JSONL file name (inside the job's data directory)"},
     {"low_precision", PRISM_CFG_CHOICE, OFF(low_precision), "\"int8\"", 0, 0, false, low_choices,
-     "format a block gets when it leaves bf16"},
+     "format a block gets when it leaves bf16; auto: per block, the first of low_formats whose calibration "
+     "error is <= quant_error_threshold, else the last of low_formats"},
     {"apply_lag_steps", PRISM_CFG_INT, OFF(apply_lag_steps), "1", 0, PRISM_APPLY_LAG_STEPS_MAX, false, NULL,
      "a decision at step s takes effect at step s + apply_lag_steps on every rank"},
     {"step_timeout_ms", PRISM_CFG_INT, OFF(step_timeout_ms), "2000", 1, 3.6e6, false, NULL,
@@ -97,6 +105,30 @@ static const prism_config_key keys[] = {
      true, NULL, "all-reduce link bandwidth of the hybrid time model (finite)"},
     {"hybrid_link_latency_seconds", PRISM_CFG_DOUBLE, OFF(hybrid_link_latency_seconds), "1e-5", 0, INFINITY, false,
      NULL, "all-reduce latency per block of the hybrid time model (finite)"},
+    /* Numerics (DESIGN 4.7, issue 17). */
+    {"loss_spike_factor", PRISM_CFG_DOUBLE, OFF(loss_spike_factor), "0", 0, 1e6, false, NULL,
+     "0: off; a step whose loss (the mean of its ranks' finite losses) is above this times the median of the "
+     "last loss_spike_window non-spike losses is a spike: blocks that went low by score within "
+     "loss_spike_window steps go back to bf16 (reason loss_spike), also between scheduled decisions"},
+    {"loss_spike_window", PRISM_CFG_INT, OFF(loss_spike_window), "20", 2, PRISM_LOSS_WINDOW_MAX, false, NULL,
+     "losses kept for the spike median (steps with a loss that were not spikes; kept whatever the factor), "
+     "and how recent a switch to low must be for a spike to undo it"},
+    {"loss_spike_hold_steps", PRISM_CFG_INT, OFF(loss_spike_hold_steps), "100", 0, BIG, false, NULL,
+     "a block rolled back by a spike at step s is not moved low by score before step s + this (overrides "
+     "still apply)"},
+    {"low_formats", PRISM_CFG_FORMATS, OFF(low_formats), "[\"int4\", \"fp8_e4m3\", \"int8\"]", 0, 0, false, NULL,
+     "low formats allowed under low_precision auto, most saving first (1 to 4 of int8, fp8_e4m3, fp8_e5m2, "
+     "int4, no repeats); calibration measures each"},
+    {"scale_mode", PRISM_CFG_CHOICE, OFF(scale_mode), "\"current\"", 0, 0, false, scale_choices,
+     "quantization scale: current amax; pow2: rounded up to a power of two; delayed: max of an amax "
+     "history; static: fixed when the layout is registered"},
+    {"amax_history_len", PRISM_CFG_INT, OFF(amax_history_len), "16", 1, 1024, false, NULL,
+     "steps of amax history per block (scale_mode delayed)"},
+    {"scale_margin", PRISM_CFG_INT, OFF(scale_margin), "0", -32, 32, false, NULL,
+     "scale_mode delayed: the scale is max(history) * 2^scale_margin / qmax"},
+    {"saturation_threshold", PRISM_CFG_DOUBLE, OFF(saturation_threshold), "1e-4", 0, 1, false, NULL,
+     "a low block whose saturated fraction, averaged over its window, is above this goes to bf16 at the next "
+     "decision (reason saturation), whatever its cooldown"},
 };
 
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -290,9 +322,44 @@ static prism_status copy_names(prism_name_list *dst, const prism_name_list *src)
     return PRISM_OK;
 }
 
+/* An array of 1 to PRISM_LOW_FORMATS_MAX distinct low format names; out is replaced only on
+ * success. Errors name the element. */
+static prism_status parse_formats(const prism_config_key *k, const char *prefix, const json_t *v,
+                                  prism_format_list *out, prism_error *err)
+{
+    if (!json_is_array(v))
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: expected an array of low format names, got %s", prefix,
+                               k->name, json_type_name(v));
+    size_t n = json_array_size(v);
+    if (n == 0 || n > PRISM_LOW_FORMATS_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: %zu formats, expected 1 to %d", prefix, k->name, n,
+                               PRISM_LOW_FORMATS_MAX);
+    prism_format_list l = {{PRISM_PRECISION_BF16}, 0};
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(v, i);
+        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+        prism_precision f;
+        if (!s)
+            return prism_error_set(err, PRISM_ERR_INVALID, "%s%s[%zu]: expected a format name, got %s", prefix,
+                                   k->name, i, json_type_name(e));
+        if (!prism_precision_parse(s, &f) || f == PRISM_PRECISION_BF16 || strlen(s) != json_string_length(e))
+            return prism_error_set(err, PRISM_ERR_INVALID,
+                                   "%s%s[%zu]: \"%.32s\" is not one of \"int8\", \"fp8_e4m3\", \"fp8_e5m2\", \"int4\"",
+                                   prefix, k->name, i, s);
+        for (size_t j = 0; j < i; j++)
+            if (l.formats[j] == f)
+                return prism_error_set(err, PRISM_ERR_INVALID, "%s%s[%zu]: \"%s\" repeats %s[%zu]", prefix, k->name,
+                                       i, s, k->name, j);
+        l.formats[l.count++] = f;
+    }
+    *out = l;
+    return PRISM_OK;
+}
+
 /* Every enum field of prism_config is written through an int (choices). */
 _Static_assert(sizeof(prism_mode) == sizeof(int) && sizeof(prism_ambiguous) == sizeof(int) &&
-                   sizeof(prism_precision) == sizeof(int) && sizeof(prism_hybrid_low_choice) == sizeof(int),
+                   sizeof(prism_precision) == sizeof(int) && sizeof(prism_hybrid_low_choice) == sizeof(int) &&
+                   sizeof(prism_scale_mode) == sizeof(int),
                "config choice fields must be int-sized");
 
 static bool in_range(const prism_config_key *k, double x)
@@ -399,6 +466,8 @@ static prism_status set_key(prism_config *cfg, const prism_config_key *k, const 
         return parse_blocks(k, prefix, v, (prism_block_list *)field, err);
     case PRISM_CFG_NAMES:
         return parse_names(k, prefix, v, (prism_name_list *)field, err);
+    case PRISM_CFG_FORMATS:
+        return parse_formats(k, prefix, v, (prism_format_list *)field, err);
     }
     return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: unsupported type", prefix, k->name);
 }
@@ -446,6 +515,19 @@ prism_status prism_config_validate(const prism_config *cfg, prism_error *err)
             format_range(k, range, sizeof range);
             return prism_error_set(err, PRISM_ERR_INVALID, "%s: %g is outside %s", k->name, x, range);
         }
+    }
+    const prism_format_list *lf = &cfg->low_formats;
+    if (lf->count == 0 || lf->count > PRISM_LOW_FORMATS_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "low_formats: %zu formats, expected 1 to %d", lf->count,
+                               PRISM_LOW_FORMATS_MAX);
+    for (size_t i = 0; i < lf->count; i++) {
+        if (lf->formats[i] == PRISM_PRECISION_BF16 || (unsigned)lf->formats[i] >= PRISM_PRECISION_COUNT)
+            return prism_error_set(err, PRISM_ERR_INVALID, "low_formats[%zu]: %d is not a low format", i,
+                                   (int)lf->formats[i]);
+        for (size_t j = 0; j < i; j++)
+            if (lf->formats[j] == lf->formats[i])
+                return prism_error_set(err, PRISM_ERR_INVALID, "low_formats[%zu]: \"%s\" repeats low_formats[%zu]",
+                                       i, prism_precision_name(lf->formats[i]), j);
     }
     const char *problem = prism_config_file_name_problem(cfg->telemetry_file);
     if (problem)
@@ -669,6 +751,13 @@ json_t *prism_config_to_json(const prism_config *cfg)
                 json_array_append_new(v, json_string(l->names[j]));
             break;
         }
+        case PRISM_CFG_FORMATS: {
+            const prism_format_list *l = (const prism_format_list *)field;
+            v = json_array();
+            for (size_t j = 0; v && j < l->count; j++)
+                json_array_append_new(v, json_string(prism_precision_name(l->formats[j])));
+            break;
+        }
         }
         if (!v || json_object_set_new(obj, k->name, v)) {
             json_decref(obj);
@@ -693,7 +782,7 @@ char *prism_json_dumps_exact(const json_t *obj, size_t flags)
 void prism_config_print_help(FILE *out)
 {
     static const char *const type_names[] = {"bool", "integer", "number", "choice", "string", "block ids",
-                                              "names or null"};
+                                              "names or null", "low formats"};
     for (size_t i = 0; i < NKEYS; i++) {
         const prism_config_key *k = &keys[i];
         char range[64] = "";
@@ -708,4 +797,16 @@ void prism_config_print_help(FILE *out)
         fprintf(out, "  %-28s %s%s%s, default %s\n      %s\n", k->name, type_names[k->type], range[0] ? " " : "",
                 range, k->default_text, k->help);
     }
+}
+
+const char *prism_low_precision_name(prism_precision low)
+{
+    return low == PRISM_LOW_AUTO ? "auto" : prism_precision_name(low);
+}
+
+prism_precision prism_config_low_format(const prism_config *cfg)
+{
+    if (cfg->low_precision != PRISM_LOW_AUTO)
+        return cfg->low_precision;
+    return cfg->low_formats.count ? cfg->low_formats.formats[cfg->low_formats.count - 1] : PRISM_PRECISION_INT8;
 }

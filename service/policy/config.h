@@ -34,6 +34,27 @@ typedef struct prism_block_list {
     size_t count;
 } prism_block_list;
 
+/* low_precision "auto" (issue 17): each block's low format is chosen from low_formats. It is a
+ * value outside the wire enum prism.v1.Precision: never index an array with it nor send it as a
+ * Precision (prism_config_low_formats_last gives one concrete format for consumers that know one). */
+#define PRISM_LOW_AUTO ((prism_precision)PRISM_PRECISION_COUNT)
+
+/* low_formats: the allowed low formats, most saving first; 1 to PRISM_LOW_FORMATS_MAX of the
+ * four low formats, no repeats. */
+#define PRISM_LOW_FORMATS_MAX 4
+typedef struct prism_format_list {
+    prism_precision formats[PRISM_LOW_FORMATS_MAX];
+    size_t count;
+} prism_format_list;
+
+/* scale_mode (issue 17 item 3): how the kernels pick a group's scale. The policy core only stores it. */
+typedef enum prism_scale_mode {
+    PRISM_SCALE_CURRENT = 0, /* the group's current amax */
+    PRISM_SCALE_POW2 = 1,    /* the current amax, scale rounded up to a power of two */
+    PRISM_SCALE_DELAYED = 2, /* max of an amax history of amax_history_len steps, times 2^scale_margin */
+    PRISM_SCALE_STATIC = 3   /* fixed from the block's amax when its layout is registered */
+} prism_scale_mode;
+
 /* A list of names that may be absent (JSON null): hybrid_fixed_classes. */
 typedef struct prism_name_list {
     bool given;    /* false: null (the automatic rule) */
@@ -66,7 +87,7 @@ typedef struct prism_config {
     bool log_decisions;
     bool telemetry_enabled;
     char *telemetry_file;
-    prism_precision low_precision;
+    prism_precision low_precision; /* a low format, or PRISM_LOW_AUTO */
     int64_t apply_lag_steps;
     int64_t step_timeout_ms;
     int64_t world_size; /* 0: from the agents' Hello */
@@ -78,6 +99,15 @@ typedef struct prism_config {
     prism_name_list hybrid_fixed_classes;
     double hybrid_link_bytes_per_second;
     double hybrid_link_latency_seconds;
+    /* Numerics (DESIGN 4.7, issue 17). */
+    double loss_spike_factor;      /* 0: off */
+    int64_t loss_spike_window;
+    int64_t loss_spike_hold_steps;
+    prism_format_list low_formats; /* used when low_precision is PRISM_LOW_AUTO */
+    prism_scale_mode scale_mode;
+    int64_t amax_history_len;
+    int64_t scale_margin;
+    double saturation_threshold;
 } prism_config;
 
 typedef enum prism_config_type {
@@ -87,7 +117,8 @@ typedef enum prism_config_type {
     PRISM_CFG_CHOICE, /* a string from a fixed list, stored in an enum field */
     PRISM_CFG_STRING,
     PRISM_CFG_BLOCKS, /* an array of block ids */
-    PRISM_CFG_NAMES   /* null or an array of strings (prism_name_list) */
+    PRISM_CFG_NAMES,  /* null or an array of strings (prism_name_list) */
+    PRISM_CFG_FORMATS /* an array of low format names (prism_format_list) */
 } prism_config_type;
 
 typedef struct prism_config_choice {
@@ -152,5 +183,16 @@ char *prism_json_dumps_exact(const json_t *obj, size_t flags);
 void prism_config_print_help(FILE *out);
 
 bool prism_block_list_contains(const prism_block_list *list, uint32_t id);
+
+/* The name low_precision is written with: a format's name, or "auto" for PRISM_LOW_AUTO. */
+const char *prism_low_precision_name(prism_precision low);
+
+/* One concrete low format for a consumer that knows only one (an old agent's Welcome, the
+ * calibration request): low_precision itself, or under "auto" the last (least saving) of
+ * low_formats, the format a block without calibration gets. */
+prism_precision prism_config_low_format(const prism_config *cfg);
+
+/* The largest loss_spike_window a config may set (the policy's saved loss window holds as many). */
+#define PRISM_LOSS_WINDOW_MAX 100000
 
 #endif

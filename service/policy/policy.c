@@ -343,7 +343,7 @@ static void score_block(prism_policy *p, uint32_t slot)
     v->relative_magnitude = sum / b->win_len;
     v->grad_score = fmin(v->relative_magnitude / c->grad_sensitivity_threshold, 1.0);
     double s = v->grad_score;
-    double e = b->calibration[c->low_precision];
+    double e = b->calibration[prism_config_low_format(c)];
     if (!isnan(e)) {
         v->has_error_score = true;
         v->error_score = fmin(e / c->quant_error_threshold, 1.0);
@@ -359,7 +359,7 @@ static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, 
     const prism_config *c = &p->cfg;
     block *b = &p->blocks[slot];
     prism_block_view *v = &b->view;
-    prism_precision low = c->low_precision;
+    prism_precision low = prism_config_low_format(c);
     bool nonfinite = b->nonfinite_pending;
     b->nonfinite_pending = false;
     score_block(p, slot);
@@ -546,7 +546,7 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_b
             p->order_dirty = true;
             int forced = override_of(&p->cfg, r->block_id);
             b->view.forced = forced != 0;
-            if (forced == 2 && (st = record_change(p, b, p->cfg.low_precision, step, PRISM_REASON_OVERRIDE, err)))
+            if (forced == 2 && (st = record_change(p, b, prism_config_low_format(&p->cfg), step, PRISM_REASON_OVERRIDE, err)))
                 return st;
         }
         if (prism_block_stats_finite(r))

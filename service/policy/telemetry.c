@@ -206,7 +206,7 @@ prism_status prism_telemetry_append(prism_buf *b, const prism_policy *p, const p
     TRY(append_str(b, ",\"estimated_bandwidth_saving_pct\":"));
     TRY(prism_buf_append_double(b, s->bandwidth_saving_pct));
     TRY(append_str(b, ",\"low_precision\":\""));
-    TRY(append_str(b, prism_precision_name(s->low_precision)));
+    TRY(append_str(b, prism_low_precision_name(s->low_precision)));
     TRY(append_str(b, "\",\"map_version\":"));
     TRY(append_u64(b, s->map_version));
     if (loss) {

@@ -806,7 +806,9 @@ static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p
     p->log_decisions = c->log_decisions;
     p->telemetry_enabled = c->telemetry_enabled;
     p->telemetry_file = c->telemetry_file;
-    p->low_precision = wire_precision(c->low_precision);
+    /* Under "auto" old agents get one concrete format: the last (least saving) of low_formats, the
+     * one a block without calibration gets (a later part adds the Welcome fields for the list). */
+    p->low_precision = wire_precision(prism_config_low_format(c));
     p->apply_lag_steps = (uint32_t)c->apply_lag_steps;
     p->step_timeout_ms = (uint32_t)c->step_timeout_ms;
     p->world_size = (uint32_t)c->world_size;

@@ -85,7 +85,7 @@ static json_t *summary_json(const prismd_snap_job *j)
                      "mean_sensitivity", opt_real(scored, s->mean_sensitivity), "max_sensitivity",
                      opt_real(scored, s->max_sensitivity), "min_sensitivity", opt_real(scored, s->min_sensitivity),
                      "precision_changes", (json_int_t)s->precision_changes, "estimated_bandwidth_saving_pct",
-                     s->bandwidth_saving_pct, "low_precision", prism_precision_name(s->low_precision), "map_version",
+                     s->bandwidth_saving_pct, "low_precision", prism_low_precision_name(s->low_precision), "map_version",
                      (json_int_t)s->map_version);
 }
 

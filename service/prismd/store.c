@@ -385,7 +385,7 @@ static bool decode_summary(const uint8_t *data, size_t len, prism_summary *out, 
         return false;
     size_t nvalues = magic[3] == '2' ? 5 : 4;
     if (!get(&r, &low, 4) || !get(&r, counts, sizeof counts) || !get(&r, values, nvalues * sizeof *values) ||
-        r.left != 0 || low >= PRISM_PRECISION_COUNT)
+        r.left != 0 || (low >= PRISM_PRECISION_COUNT && low != (uint32_t)PRISM_LOW_AUTO))
         return false;
     *decided_unix = values[4];
     *out = (prism_summary){.step_id = counts[0], .map_version = counts[1], .low_precision = (prism_precision)low,

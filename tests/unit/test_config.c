@@ -98,6 +98,18 @@ static void test_defaults_equal_design_4_1(void)
     CU_ASSERT_EQUAL(c.apply_lag_steps, 1);
     CU_ASSERT_EQUAL(c.step_timeout_ms, 2000);
     CU_ASSERT_EQUAL(c.world_size, 0);
+    /* issue 17 (DESIGN 4.7) */
+    CU_ASSERT_EQUAL(c.loss_spike_factor, 0.0);
+    CU_ASSERT_EQUAL(c.loss_spike_window, 20);
+    CU_ASSERT_EQUAL(c.loss_spike_hold_steps, 100);
+    CU_ASSERT_EQUAL_FATAL(c.low_formats.count, 3);
+    CU_ASSERT_EQUAL(c.low_formats.formats[0], PRISM_PRECISION_INT4);
+    CU_ASSERT_EQUAL(c.low_formats.formats[1], PRISM_PRECISION_FP8_E4M3);
+    CU_ASSERT_EQUAL(c.low_formats.formats[2], PRISM_PRECISION_INT8);
+    CU_ASSERT_EQUAL(c.scale_mode, PRISM_SCALE_CURRENT);
+    CU_ASSERT_EQUAL(c.amax_history_len, 16);
+    CU_ASSERT_EQUAL(c.scale_margin, 0);
+    CU_ASSERT_EQUAL(c.saturation_threshold, 1e-4);
     /* An empty document gives the defaults too. */
     prism_config d = load_ok("{}");
     assert_same_config(&c, &d);
@@ -118,6 +130,9 @@ static void test_key_table_lists_design_keys_in_order(void)
         /* issue 15: hybrid devices (prismd's per-class plans) */
         "hybrid", "hybrid_low_format", "hybrid_gamma", "hybrid_memory_fraction", "hybrid_fixed_classes",
         "hybrid_link_bytes_per_second", "hybrid_link_latency_seconds",
+        /* issue 17: numerics */
+        "loss_spike_factor", "loss_spike_window", "loss_spike_hold_steps", "low_formats", "scale_mode",
+        "amax_history_len", "scale_margin", "saturation_threshold",
     };
     size_t n = 0;
     const prism_config_key *keys = prism_config_keys(&n);
@@ -614,6 +629,132 @@ static void test_telemetry_file_must_be_a_plain_file_name(void)
     prism_config_free(&cfg);
 }
 
+static void test_numerics_keys_set_every_value_and_read_back(void)
+{
+    prism_config c = load_ok("{\"loss_spike_factor\": 1.5, \"loss_spike_window\": 2, \"loss_spike_hold_steps\": 0,"
+                             " \"low_precision\": \"auto\", \"low_formats\": [\"fp8_e5m2\", \"int8\"],"
+                             " \"scale_mode\": \"delayed\", \"amax_history_len\": 1024, \"scale_margin\": -32,"
+                             " \"saturation_threshold\": 1}");
+    CU_ASSERT_EQUAL(c.loss_spike_factor, 1.5);
+    CU_ASSERT_EQUAL(c.loss_spike_window, 2);
+    CU_ASSERT_EQUAL(c.loss_spike_hold_steps, 0);
+    CU_ASSERT_EQUAL(c.low_precision, PRISM_LOW_AUTO);
+    CU_ASSERT_EQUAL_FATAL(c.low_formats.count, 2);
+    CU_ASSERT_EQUAL(c.low_formats.formats[0], PRISM_PRECISION_FP8_E5M2);
+    CU_ASSERT_EQUAL(c.low_formats.formats[1], PRISM_PRECISION_INT8);
+    CU_ASSERT_EQUAL(c.scale_mode, PRISM_SCALE_DELAYED);
+    CU_ASSERT_EQUAL(c.amax_history_len, 1024);
+    CU_ASSERT_EQUAL(c.scale_margin, -32);
+    CU_ASSERT_EQUAL(c.saturation_threshold, 1.0);
+    /* "auto" names itself; the one concrete format for old consumers is the last of the list. */
+    CU_ASSERT_STRING_EQUAL(prism_low_precision_name(c.low_precision), "auto");
+    CU_ASSERT_EQUAL(prism_config_low_format(&c), PRISM_PRECISION_INT8);
+    json_t *j = prism_config_to_json(&c);
+    CU_ASSERT_FATAL(j != NULL);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(j, "low_precision")), "auto");
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_object_get(j, "scale_mode")), "delayed");
+    json_t *lf = json_object_get(j, "low_formats");
+    CU_ASSERT_EQUAL_FATAL(json_array_size(lf), 2);
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_array_get(lf, 0)), "fp8_e5m2");
+    CU_ASSERT_STRING_EQUAL(json_string_value(json_array_get(lf, 1)), "int8");
+    CU_ASSERT_EQUAL(json_integer_value(json_object_get(j, "scale_margin")), -32);
+    /* and back through the loader */
+    char *text = json_dumps(j, 0);
+    prism_config d = load_ok(text);
+    CU_ASSERT_EQUAL(d.low_precision, PRISM_LOW_AUTO);
+    CU_ASSERT_EQUAL(d.low_formats.count, 2);
+    CU_ASSERT_EQUAL(d.low_formats.formats[0], PRISM_PRECISION_FP8_E5M2);
+    CU_ASSERT_EQUAL(d.scale_margin, -32);
+    CU_ASSERT_EQUAL(d.loss_spike_factor, 1.5);
+    free(text);
+    json_decref(j);
+    prism_config_free(&d);
+    prism_config_free(&c);
+    /* The other edges and choices. */
+    prism_config e = load_ok("{\"loss_spike_factor\": 1e6, \"loss_spike_window\": 100000,"
+                             " \"loss_spike_hold_steps\": 1000000000, \"amax_history_len\": 1, \"scale_margin\": 32,"
+                             " \"saturation_threshold\": 0, \"scale_mode\": \"static\","
+                             " \"low_formats\": [\"int8\", \"fp8_e4m3\", \"fp8_e5m2\", \"int4\"]}");
+    CU_ASSERT_EQUAL(e.loss_spike_factor, 1e6);
+    CU_ASSERT_EQUAL(e.loss_spike_window, 100000);
+    CU_ASSERT_EQUAL(e.loss_spike_hold_steps, 1000000000);
+    CU_ASSERT_EQUAL(e.amax_history_len, 1);
+    CU_ASSERT_EQUAL(e.scale_margin, 32);
+    CU_ASSERT_EQUAL(e.saturation_threshold, 0.0);
+    CU_ASSERT_EQUAL(e.scale_mode, PRISM_SCALE_STATIC);
+    CU_ASSERT_EQUAL(e.low_formats.count, 4);
+    CU_ASSERT_EQUAL(e.low_formats.formats[3], PRISM_PRECISION_INT4);
+    CU_ASSERT_EQUAL(prism_config_low_format(&e), PRISM_PRECISION_INT8); /* not auto: low_precision */
+    prism_config_free(&e);
+    prism_config f = load_ok("{\"scale_mode\": \"pow2\"}");
+    CU_ASSERT_EQUAL(f.scale_mode, PRISM_SCALE_POW2);
+    prism_config_free(&f);
+}
+
+static void test_numerics_keys_bad_values_are_refused_naming_the_key(void)
+{
+    static const struct {
+        const char *text;
+        const char *want; /* in the message */
+    } cases[] = {
+        {"{\"loss_spike_factor\": -0.5}", "loss_spike_factor"},
+        {"{\"loss_spike_factor\": 1000001}", "loss_spike_factor"},
+        {"{\"loss_spike_factor\": \"2\"}", "loss_spike_factor"},
+        {"{\"loss_spike_window\": 1}", "loss_spike_window"},
+        {"{\"loss_spike_window\": 100001}", "loss_spike_window"},
+        {"{\"loss_spike_window\": 2.5}", "loss_spike_window"},
+        {"{\"loss_spike_hold_steps\": -1}", "loss_spike_hold_steps"},
+        {"{\"loss_spike_hold_steps\": 1000000001}", "loss_spike_hold_steps"},
+        {"{\"low_precision\": \"AUTO\"}", "low_precision"},
+        {"{\"low_formats\": []}", "low_formats: 0 formats"},
+        {"{\"low_formats\": \"int8\"}", "low_formats"},
+        {"{\"low_formats\": [\"int8\", \"bf16\"]}", "low_formats[1]"},
+        {"{\"low_formats\": [\"int8\", \"fp16\"]}", "low_formats[1]"},
+        {"{\"low_formats\": [4]}", "low_formats[0]"},
+        {"{\"low_formats\": [\"int4\", \"int8\", \"int4\"]}", "low_formats[2]: \"int4\" repeats low_formats[0]"},
+        {"{\"low_formats\": [\"int4\", \"int8\", \"fp8_e4m3\", \"fp8_e5m2\", \"int8\"]}", "low_formats: 5 formats"},
+        {"{\"scale_mode\": \"amax\"}", "scale_mode"},
+        {"{\"scale_mode\": 1}", "scale_mode"},
+        {"{\"amax_history_len\": 0}", "amax_history_len"},
+        {"{\"amax_history_len\": 1025}", "amax_history_len"},
+        {"{\"scale_margin\": -33}", "scale_margin"},
+        {"{\"scale_margin\": 33}", "scale_margin"},
+        {"{\"scale_margin\": 0.5}", "scale_margin"},
+        {"{\"saturation_threshold\": 1.5}", "saturation_threshold"},
+        {"{\"saturation_threshold\": -1e-9}", "saturation_threshold"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        prism_config c;
+        prism_error err;
+        prism_status st = load(cases[i].text, &c, &err);
+        if (st != PRISM_ERR_INVALID || !strstr(err.message, cases[i].want))
+            fprintf(stderr, "case %zu (%s): status %d message \"%s\"\n", i, cases[i].text, (int)st, err.message);
+        CU_ASSERT_EQUAL(st, PRISM_ERR_INVALID);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.message, cases[i].want));
+    }
+    /* Nothing partially applied: a good key beside a bad list leaves the base as it was. */
+    prism_config base = load_ok("{}");
+    json_t *obj = json_loads("{\"loss_spike_factor\": 3, \"low_formats\": [\"int8\", \"int8\"]}", 0, NULL);
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_config_apply_json(&base, obj, "", &base, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(base.loss_spike_factor, 0.0);
+    CU_ASSERT_EQUAL(base.low_formats.count, 3);
+    json_decref(obj);
+    /* validate() on a list built by hand. */
+    base.low_formats.count = 0;
+    CU_ASSERT_EQUAL(prism_config_validate(&base, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "low_formats"));
+    base.low_formats.count = 2;
+    base.low_formats.formats[0] = PRISM_PRECISION_INT8;
+    base.low_formats.formats[1] = PRISM_PRECISION_BF16;
+    CU_ASSERT_EQUAL(prism_config_validate(&base, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "low_formats[1]"));
+    base.low_formats.formats[1] = PRISM_PRECISION_INT8;
+    CU_ASSERT_EQUAL(prism_config_validate(&base, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "low_formats[1]"));
+    prism_config_free(&base);
+}
+
 static const prism_test_case cases[] = {
     {"test_defaults_equal_design_4_1", test_defaults_equal_design_4_1},
     {"test_key_table_lists_design_keys_in_order", test_key_table_lists_design_keys_in_order},
@@ -639,6 +780,9 @@ static const prism_test_case cases[] = {
     {"test_load_file_reads_a_file_and_names_it_in_errors", test_load_file_reads_a_file_and_names_it_in_errors},
     {"test_copy_is_deep", test_copy_is_deep},
     {"test_telemetry_file_must_be_a_plain_file_name", test_telemetry_file_must_be_a_plain_file_name},
+    {"test_numerics_keys_set_every_value_and_read_back", test_numerics_keys_set_every_value_and_read_back},
+    {"test_numerics_keys_bad_values_are_refused_naming_the_key",
+     test_numerics_keys_bad_values_are_refused_naming_the_key},
     {NULL, NULL},
 };
 
