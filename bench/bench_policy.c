@@ -53,7 +53,7 @@ static void fill_step(prism_block_stats *b, size_t n, uint64_t step)
     for (size_t i = 0; i < n; i++) {
         /* A third of the blocks drift between sensitive and insensitive over time. */
         double base = (i % 3 == 0) ? 1.0 + sin((double)step / 40.0 + (double)i) : 0.2 + 1.6 * (double)(i % 7) / 7.0;
-        b[i] = (prism_block_stats){(uint32_t)(i * 7 + 3), base * (0.9 + 0.2 * rnd()), 1.0, 0.0, 1e-4, 1u << 20, 0};
+        b[i] = (prism_block_stats){(uint32_t)(i * 7 + 3), base * (0.9 + 0.2 * rnd()), 1.0, 0.0, 1e-4, 1u << 20, 0, false, 0, 0};
     }
 }
 
@@ -80,7 +80,7 @@ static int run(size_t nblocks, int decisions)
         fill_step(b, nblocks, step);
         prism_step_result res;
         double t0 = now_us();
-        if (prism_policy_add_step(p, step, b, nblocks, &res, &err)) {
+        if (prism_policy_add_step(p, step, NULL, b, nblocks, &res, &err)) {
             fprintf(stderr, "bench: %s\n", err.message);
             return 1;
         }

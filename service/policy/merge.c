@@ -17,6 +17,8 @@ typedef struct accumulator {
     double m2;         /* sum of squared deviations from mean */
     uint64_t numel;
     uint64_t nonfinite;
+    uint32_t sat_ranks; /* ranks that sent saturation figures */
+    double saturated_sum, underflowed_sum;
 } accumulator;
 
 typedef struct open_step {
@@ -262,6 +264,11 @@ static void accumulate(accumulator *a, const prism_block_stats *r)
     a->nonfinite = add_saturating(a->nonfinite, r->nonfinite);
     if (a->nonfinite > a->numel)
         a->nonfinite = a->numel;
+    if (r->has_saturation) {
+        a->sat_ranks++;
+        a->saturated_sum += r->saturated_fraction;
+        a->underflowed_sum += r->underflowed_fraction;
+    }
     double nb = (double)(r->numel - r->nonfinite);
     if (nb <= 0)
         return;
@@ -341,7 +348,7 @@ prism_status prism_merger_add(prism_merger *m, uint32_t rank, uint64_t step, boo
     }
     s->rank_bits[w] |= bit;
     s->ranks++;
-    if (has_loss) {
+    if (has_loss && isfinite(loss)) {
         s->loss_sum += loss;
         s->loss_count++;
     }
@@ -385,6 +392,9 @@ bool prism_merger_next(prism_merger *m, int64_t now_ms, prism_merged_step *out)
             .variance = a->n > 0 ? a->m2 / a->n : 0.0,
             .numel = a->numel,
             .nonfinite = a->nonfinite,
+            .has_saturation = a->sat_ranks > 0,
+            .saturated_fraction = a->sat_ranks ? a->saturated_sum / a->sat_ranks : 0.0,
+            .underflowed_fraction = a->sat_ranks ? a->underflowed_sum / a->sat_ranks : 0.0,
         };
         memset(a, 0, sizeof *a);
     }

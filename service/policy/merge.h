@@ -29,8 +29,8 @@ typedef struct prism_merge_counters {
 typedef struct prism_merged_step {
     uint64_t step;
     uint32_t ranks;            /* ranks that reported it */
-    bool has_loss;
-    double loss;               /* mean over the ranks that sent one */
+    bool has_loss;             /* at least one rank sent a finite loss */
+    double loss;               /* the mean of the finite losses sent (summed in the order added) */
     const prism_block_stats *blocks; /* valid until the next call on the merger */
     size_t count;
 } prism_merged_step;
@@ -44,7 +44,9 @@ void prism_merger_destroy(prism_merger *m);
  * after another, allows many). Returns PRISM_ERR_INVALID for a zero limit. */
 prism_status prism_merger_set_limits(prism_merger *m, size_t max_open_steps, size_t max_blocks, prism_error *err);
 
-/* Adds one rank's report. A malformed report (rank >= world_size, a step above PRISM_STEP_MAX,
+/* Adds one rank's report. A loss that is NaN or infinite is left out of the step's loss (the
+ * report is accepted). A block's saturation figures are averaged over the ranks that sent them.
+ * A malformed report (rank >= world_size, a step above PRISM_STEP_MAX,
  * duplicate block ids, bad figures) is an error; a report with a block id beyond max_blocks is PRISM_ERR_LIMIT; a
  * late or repeated one is dropped, counted and reported in *outcome. None of these changes a
  * step. Sums saturate: numel and nonfinite never wrap. */

@@ -70,6 +70,14 @@ prism_status prism_block_stats_check(const prism_block_stats *s, prism_error *er
     if (s->nonfinite > s->numel)
         return prism_error_set(err, PRISM_ERR_INVALID, "block %u: nonfinite %llu exceeds numel %llu",
                                s->block_id, (unsigned long long)s->nonfinite, (unsigned long long)s->numel);
+    if (s->has_saturation) {
+        if (!(s->saturated_fraction >= 0 && s->saturated_fraction <= 1))
+            return prism_error_set(err, PRISM_ERR_INVALID, "block %u: saturated_fraction %g is not in [0, 1]",
+                                   s->block_id, s->saturated_fraction);
+        if (!(s->underflowed_fraction >= 0 && s->underflowed_fraction <= 1))
+            return prism_error_set(err, PRISM_ERR_INVALID, "block %u: underflowed_fraction %g is not in [0, 1]",
+                                   s->block_id, s->underflowed_fraction);
+    }
     return PRISM_OK;
 }
 
@@ -494,10 +502,11 @@ static bool is_decision_step(const prism_config *c, uint64_t n)
     return n == w || (n > w && (n - w) % (uint64_t)c->update_interval_steps == 0);
 }
 
-prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
+prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double *loss, const prism_block_stats *blocks,
                                    size_t count, prism_step_result *out, prism_error *err)
 {
     memset(out, 0, sizeof *out);
+    (void)loss; /* the loss-spike rule comes next */
     if (step > PRISM_STEP_MAX)
         return prism_error_set(err, PRISM_ERR_INVALID, "step %llu is above the largest step id %llu",
                                (unsigned long long)step, (unsigned long long)PRISM_STEP_MAX);

@@ -17,9 +17,16 @@ typedef struct prism_block_stats {
     double variance;  /* population variance of the finite elements */
     uint64_t numel;   /* all elements, non-finite ones included */
     uint64_t nonfinite; /* NaN/Inf elements, left out of every other figure */
+    /* Issue 17: the step's fractions of the block's elements that the quantizer saturated
+     * (|x/s| above the format's largest value) and flushed to zero (x != 0 quantized to 0).
+     * Optional: has_saturation false (zero-initialised) when not reported. */
+    bool has_saturation;
+    double saturated_fraction;
+    double underflowed_fraction;
 } prism_block_stats;
 
-/* A report is well formed when its figures are non-negative and nonfinite <= numel.
+/* A report is well formed when its figures are non-negative and nonfinite <= numel, and, when
+ * it carries saturation figures, both are finite and in [0, 1].
  * NaN or Inf in l2_norm is allowed: the block counts as non-finite for that step. */
 prism_status prism_block_stats_check(const prism_block_stats *s, prism_error *err);
 
@@ -119,8 +126,9 @@ prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision form
 
 /* Feeds one complete step. Steps must come in increasing order and be at most PRISM_STEP_MAX;
  * block ids in one step must be distinct. On error nothing is changed. On a decision step runs
- * the decision. */
-prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const prism_block_stats *blocks,
+ * the decision. loss: the step's loss (the mean of its ranks' finite losses, merge.h), NULL when
+ * it has none; a non-finite loss counts as none. */
+prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double *loss, const prism_block_stats *blocks,
                                    size_t count, prism_step_result *out, prism_error *err);
 
 /* Commits a new map version with the same precisions (prismd: a new hybrid compute plan must go

@@ -379,7 +379,7 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
             const Prism__V1__BlockGradStats *b = r->blocks[i];
             prism_block_stats *o = &rec->blocks[i];
             *o = (prism_block_stats){b->block_id, b->l2_norm, b->max_abs, b->mean, b->variance, b->numel,
-                                     b->nonfinite};
+                                     b->nonfinite, false, 0, 0};
             prism_error berr = {0};
             /* exactly what the live policy accepts (a merged NaN l2 is a non-finite block) */
             if (prism_block_stats_check(o, &berr))

@@ -1285,7 +1285,7 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         prism_error err;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        prism_status added = prism_policy_add_step(job->policy, m.step, m.blocks, m.count, &r, &err);
+        prism_status added = prism_policy_add_step(job->policy, m.step, m.has_loss ? &m.loss : NULL, m.blocks, m.count, &r, &err);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         j->dirty = true;
         if (added == PRISM_OK && r.decided) {
@@ -1384,7 +1384,7 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     for (size_t i = 0; i < r->n_blocks; i++) {
         const Prism__V1__BlockGradStats *b = r->blocks[i];
         blocks[i] = (prism_block_stats){b->block_id, b->l2_norm, b->max_abs, b->mean, b->variance, b->numel,
-                                        b->nonfinite};
+                                        b->nonfinite, false, 0, 0};
     }
     bool has_loss = r->optional_loss_case == PRISM__V1__STEP_REPORT__OPTIONAL_LOSS_LOSS;
     prism_merge_outcome outcome;

@@ -66,7 +66,7 @@ static prism_block_stats report(unsigned s, unsigned r, unsigned b)
     double l2 = (double)(b + 1) * (r ? 1.25 : 0.75);
     if (b == 2)
         l2 = s <= 4 ? 0.1 : 9.0;
-    return (prism_block_stats){b, l2, 0.5 + b, 0.01 * (r + 1), 0.25 * (b + 1), 1000 + 10 * b, 0};
+    return (prism_block_stats){b, l2, 0.5 + b, 0.01 * (r + 1), 0.25 * (b + 1), 1000 + 10 * b, 0, false, 0, 0};
 }
 
 #define NBLOCKS 5
@@ -176,7 +176,7 @@ static void append_steps(prism_buf *bin, unsigned from, unsigned to, bool bump_a
 {
     prism_error err = {0};
     for (unsigned s = from; s <= to; s++) {
-        prism_block_stats blocks[2] = {{0, 1.0, 1, 0, 0, 10, 0}, {1, 1.0, 1, 0, 0, 10, 0}};
+        prism_block_stats blocks[2] = {{0, 1.0, 1, 0, 0, 10, 0, false, 0, 0}, {1, 1.0, 1, 0, 0, 10, 0, false, 0, 0}};
         prism_merged_step m = {s, 1, false, 0, blocks, 2};
         CU_ASSERT_FATAL(prism_trace_bin_step(bin, &m, bump_at_decisions && s % 2 == 0, &err) == PRISM_OK);
     }

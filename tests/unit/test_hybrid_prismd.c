@@ -30,12 +30,12 @@ static void test_bump_version_commits_a_new_map_with_the_same_precisions(void)
                                 " \"apply_lag_steps\": 2}", &err) == PRISM_OK);
     prism_policy *p = prism_policy_create(&cfg, &err);
     CU_ASSERT_FATAL(p != NULL);
-    prism_block_stats b[2] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0}, {1, 1.0, 1.0, 0.0, 0.0, 4, 0}};
+    prism_block_stats b[2] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0, false, 0, 0}, {1, 1.0, 1.0, 0.0, 0.0, 4, 0, false, 0, 0}};
     prism_step_result r;
-    CU_ASSERT_FATAL(prism_policy_add_step(p, 5, b, 2, &r, &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 5, NULL, b, 2, &r, &err) == PRISM_OK);
     CU_ASSERT_EQUAL(r.map_version, 1); /* block 1 forced low: one change */
     CU_ASSERT_EQUAL(prism_policy_find_block(p, 1)->precision, PRISM_PRECISION_INT8);
-    CU_ASSERT_FATAL(prism_policy_add_step(p, 6, b, 2, &r, &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 6, NULL, b, 2, &r, &err) == PRISM_OK);
     CU_ASSERT_TRUE(r.decided);
     CU_ASSERT_FALSE(r.map_changed);
     CU_ASSERT_EQUAL(prism_policy_bump_version(p), 2);
@@ -48,7 +48,7 @@ static void test_bump_version_commits_a_new_map_with_the_same_precisions(void)
     /* The next version that a change makes follows the bumped one: block 0 forced low too. */
     CU_ASSERT_FATAL(apply(&cfg, "{\"force_int8_blocks\": [0, 1]}", &err) == PRISM_OK);
     CU_ASSERT_FATAL(prism_policy_set_config(p, &cfg, &err) == PRISM_OK);
-    CU_ASSERT_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 7, NULL, b, 2, &r, &err) == PRISM_OK);
     CU_ASSERT_TRUE(r.decided);
     CU_ASSERT_TRUE(r.map_changed);
     CU_ASSERT_EQUAL(r.map_version, 3);

@@ -166,9 +166,9 @@ static void test_a_schema_2_store_with_a_job_and_its_state_loads_after_migration
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_job(store, "job-2", NULL, 3, &cfg, &err), PRISM_OK);
     prism_policy *p = prism_policy_create(&cfg, &err);
     CU_ASSERT_FATAL(p != NULL);
-    prism_block_stats b[2] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0}, {1, 2.0, 2.0, 0.0, 0.0, 4, 0}};
+    prism_block_stats b[2] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0, false, 0, 0}, {1, 2.0, 2.0, 0.0, 0.0, 4, 0, false, 0, 0}};
     prism_step_result r;
-    CU_ASSERT_FATAL(prism_policy_add_step(p, 9, b, 2, &r, &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 9, NULL, b, 2, &r, &err) == PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-2", p, 9, 12, NULL, 0, NULL, NAN, NULL, &err), PRISM_OK);
     prism_policy_progress want;
     prism_policy_progress_get(p, &want);

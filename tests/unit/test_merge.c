@@ -13,7 +13,7 @@
 static prism_block_stats bs(uint32_t id, double l2, double max_abs, double mean, double variance, uint64_t numel,
                             uint64_t nonfinite)
 {
-    prism_block_stats s = {id, l2, max_abs, mean, variance, numel, nonfinite};
+    prism_block_stats s = {id, l2, max_abs, mean, variance, numel, nonfinite, false, 0, 0};
     return s;
 }
 
@@ -323,12 +323,12 @@ static void test_malformed_reports_are_rejected_and_change_nothing(void)
         prism_block_stats blocks[2];
         size_t count;
     } cases[] = {
-        {2, {{0, 1.0, 1.0, 0.0, 1.0, 4, 0}}, 1},                              /* rank >= world_size */
-        {0, {{3, 1.0, 1.0, 0.0, 1.0, 4, 0}, {3, 2.0, 1.0, 0.0, 1.0, 4, 0}}, 2}, /* duplicate block id */
-        {0, {{0, -1.0, 1.0, 0.0, 1.0, 4, 0}}, 1},                             /* negative l2 */
-        {0, {{0, 1.0, -1.0, 0.0, 1.0, 4, 0}}, 1},                             /* negative max_abs */
-        {0, {{0, 1.0, 1.0, 0.0, -1.0, 4, 0}}, 1},                             /* negative variance */
-        {0, {{0, 1.0, 1.0, 0.0, 1.0, 4, 5}}, 1},                              /* nonfinite > numel */
+        {2, {{0, 1.0, 1.0, 0.0, 1.0, 4, 0, false, 0, 0}}, 1},                              /* rank >= world_size */
+        {0, {{3, 1.0, 1.0, 0.0, 1.0, 4, 0, false, 0, 0}, {3, 2.0, 1.0, 0.0, 1.0, 4, 0, false, 0, 0}}, 2}, /* duplicate block id */
+        {0, {{0, -1.0, 1.0, 0.0, 1.0, 4, 0, false, 0, 0}}, 1},                             /* negative l2 */
+        {0, {{0, 1.0, -1.0, 0.0, 1.0, 4, 0, false, 0, 0}}, 1},                             /* negative max_abs */
+        {0, {{0, 1.0, 1.0, 0.0, -1.0, 4, 0, false, 0, 0}}, 1},                             /* negative variance */
+        {0, {{0, 1.0, 1.0, 0.0, 1.0, 4, 5, false, 0, 0}}, 1},                              /* nonfinite > numel */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         prism_merger *m = make_merger(2, 1000);
@@ -451,7 +451,7 @@ static void test_raised_open_step_limit_merges_ranks_sent_one_after_another(void
 static void test_a_step_past_the_bound_is_refused(void)
 {
     prism_merger *m = make_merger(1, 1000);
-    prism_block_stats b[1] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0}};
+    prism_block_stats b[1] = {{0, 1.0, 1.0, 0.0, 0.0, 4, 0, false, 0, 0}};
     prism_merge_outcome outcome;
     prism_error err;
     CU_ASSERT_EQUAL(prism_merger_add(m, 0, UINT64_MAX, false, 0.0, b, 1, 0, &outcome, &err), PRISM_ERR_INVALID);
@@ -462,6 +462,89 @@ static void test_a_step_past_the_bound_is_refused(void)
     prism_merged_step out;
     CU_ASSERT_TRUE(prism_merger_next(m, 0, &out));
     CU_ASSERT_EQUAL(out.step, PRISM_STEP_MAX);
+    prism_merger_destroy(m);
+}
+
+/* Adds a report with a loss (the call must succeed and be accepted). */
+static void add_loss(prism_merger *m, uint32_t rank, uint64_t step, double loss, const prism_block_stats *b, size_t n)
+{
+    prism_merge_outcome outcome = PRISM_MERGE_DROPPED_LATE;
+    prism_error err;
+    CU_ASSERT_EQUAL_FATAL(prism_merger_add(m, rank, step, true, loss, b, n, 0, &outcome, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(outcome, PRISM_MERGE_ACCEPTED);
+}
+
+static void test_non_finite_losses_are_left_out_of_the_step_loss(void)
+{
+    static const struct {
+        double loss[3];
+        bool has_loss;
+        double want;
+    } cases[] = {
+        {{1.0, NAN, 2.0}, true, 1.5},              /* (1 + 2) / 2 */
+        {{INFINITY, 4.0, -INFINITY}, true, 4.0},   /* 4 / 1 */
+        {{NAN, INFINITY, NAN}, false, 0.0},        /* none finite: no loss */
+        {{0.5, 0.25, 2.25}, true, 1.0},            /* (0.5 + 0.25 + 2.25) / 3 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        prism_merger *m = make_merger(3, 1000);
+        prism_block_stats b = bs(0, 1.0, 1.0, 0.0, 1.0, 4, 0);
+        for (uint32_t r = 0; r < 3; r++)
+            add_loss(m, r, 1, cases[i].loss[r], &b, 1);
+        prism_merged_step out;
+        CU_ASSERT_TRUE_FATAL(prism_merger_next(m, 0, &out));
+        CU_ASSERT_EQUAL(out.ranks, 3); /* every report counted, NaN loss or not */
+        CU_ASSERT_EQUAL(out.has_loss, cases[i].has_loss);
+        if (cases[i].has_loss)
+            CU_ASSERT_EQUAL(out.loss, cases[i].want);
+        prism_merger_destroy(m);
+    }
+}
+
+static void test_saturation_fractions_are_averaged_over_the_ranks_that_sent_them(void)
+{
+    prism_merger *m = make_merger(3, 1000);
+    /* Block 0: ranks 0 and 2 send fractions (0.25, 0.5) and (0.75, 0): means 0.5 and 0.25.
+     * Block 1: only rank 1 sends (0.125, 0.0625). Block 2: nobody: has_saturation false. */
+    prism_block_stats r0[2] = {bs(0, 1, 1, 0, 1, 4, 0), bs(2, 1, 1, 0, 1, 4, 0)};
+    r0[0].has_saturation = true;
+    r0[0].saturated_fraction = 0.25;
+    r0[0].underflowed_fraction = 0.5;
+    prism_block_stats r1[2] = {bs(0, 1, 1, 0, 1, 4, 0), bs(1, 1, 1, 0, 1, 4, 0)};
+    r1[1].has_saturation = true;
+    r1[1].saturated_fraction = 0.125;
+    r1[1].underflowed_fraction = 0.0625;
+    prism_block_stats r2[1] = {bs(0, 1, 1, 0, 1, 4, 0)};
+    r2[0].has_saturation = true;
+    r2[0].saturated_fraction = 0.75;
+    r2[0].underflowed_fraction = 0.0;
+    add(m, 0, 1, r0, 2, 0);
+    add(m, 1, 1, r1, 2, 0);
+    add(m, 2, 1, r2, 1, 0);
+    prism_merged_step out;
+    CU_ASSERT_TRUE_FATAL(prism_merger_next(m, 0, &out));
+    const prism_block_stats *b0 = merged_block(&out, 0), *b1 = merged_block(&out, 1), *b2 = merged_block(&out, 2);
+    CU_ASSERT_FATAL(b0 && b1 && b2);
+    CU_ASSERT_TRUE(b0->has_saturation);
+    CU_ASSERT_EQUAL(b0->saturated_fraction, 0.5);    /* (0.25 + 0.75) / 2 */
+    CU_ASSERT_EQUAL(b0->underflowed_fraction, 0.25); /* (0.5 + 0) / 2 */
+    CU_ASSERT_TRUE(b1->has_saturation);
+    CU_ASSERT_EQUAL(b1->saturated_fraction, 0.125);
+    CU_ASSERT_EQUAL(b1->underflowed_fraction, 0.0625);
+    CU_ASSERT_FALSE(b2->has_saturation);
+    CU_ASSERT_EQUAL(b2->saturated_fraction, 0.0);
+    /* A bad fraction refuses the report, naming the block and the field. */
+    prism_block_stats bad = bs(5, 1, 1, 0, 1, 4, 0);
+    bad.has_saturation = true;
+    bad.saturated_fraction = 1.5;
+    prism_merge_outcome outcome;
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_merger_add(m, 0, 2, false, 0, &bad, 1, 0, &outcome, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 5: saturated_fraction"));
+    bad.saturated_fraction = 0;
+    bad.underflowed_fraction = NAN;
+    CU_ASSERT_EQUAL(prism_merger_add(m, 0, 2, false, 0, &bad, 1, 0, &outcome, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 5: underflowed_fraction"));
     prism_merger_destroy(m);
 }
 
@@ -488,6 +571,9 @@ static const prism_test_case cases[] = {
     {"test_l2_mean_over_ranks_does_not_overflow", test_l2_mean_over_ranks_does_not_overflow},
     {"test_block_limit_refuses_a_report_with_a_new_id", test_block_limit_refuses_a_report_with_a_new_id},
     {"test_raised_open_step_limit_merges_ranks_sent_one_after_another", test_raised_open_step_limit_merges_ranks_sent_one_after_another},
+    {"test_non_finite_losses_are_left_out_of_the_step_loss", test_non_finite_losses_are_left_out_of_the_step_loss},
+    {"test_saturation_fractions_are_averaged_over_the_ranks_that_sent_them",
+     test_saturation_fractions_are_averaged_over_the_ranks_that_sent_them},
     {NULL, NULL},
 };
 

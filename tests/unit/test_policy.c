@@ -61,7 +61,7 @@ static void set_config(prism_policy *p, const char *base, const char *extra)
 
 static prism_block_stats stats(uint32_t id, double l2)
 {
-    prism_block_stats s = {id, l2, 1.0, 0.0, 0.25, 1000, 0};
+    prism_block_stats s = {id, l2, 1.0, 0.0, 0.25, 1000, 0, false, 0, 0};
     return s;
 }
 
@@ -73,7 +73,7 @@ static void feed(prism_policy *p, uint64_t step, const double *l2, size_t count,
     for (size_t i = 0; i < count; i++)
         blocks[i] = stats((uint32_t)i, l2[i]);
     prism_error err;
-    prism_status st = prism_policy_add_step(p, step, blocks, count, out, &err);
+    prism_status st = prism_policy_add_step(p, step, NULL, blocks, count, out, &err);
     if (st)
         fprintf(stderr, "add_step: %s\n", err.message);
     CU_ASSERT_FATAL(st == PRISM_OK);
@@ -90,7 +90,7 @@ static void feed_blocks(prism_policy *p, uint64_t step, const prism_block_stats 
                         prism_step_result *out)
 {
     prism_error err;
-    prism_status st = prism_policy_add_step(p, step, blocks, count, out, &err);
+    prism_status st = prism_policy_add_step(p, step, NULL, blocks, count, out, &err);
     if (st)
         fprintf(stderr, "add_step: %s\n", err.message);
     CU_ASSERT_FATAL(st == PRISM_OK);
@@ -130,22 +130,22 @@ static void test_block_stats_check_rejects_negative_figures_and_excess_nonfinite
         prism_block_stats s;
         prism_status want;
     } cases[] = {
-        {{0, 1.0, 1.0, 0.0, 1.0, 10, 0}, PRISM_OK},
-        {{0, 0.0, 0.0, 0.0, 0.0, 0, 0}, PRISM_OK},
-        {{0, 1.0, 1.0, -3.5, 1.0, 10, 0}, PRISM_OK}, /* a mean may be negative */
-        {{0, 1.0, 1.0, 0.0, 1.0, 10, 10}, PRISM_OK},
-        {{0, -1.0, 1.0, 0.0, 1.0, 10, 0}, PRISM_ERR_INVALID},
-        {{0, 1.0, -1.0, 0.0, 1.0, 10, 0}, PRISM_ERR_INVALID},
-        {{0, 1.0, 1.0, 0.0, -0.5, 10, 0}, PRISM_ERR_INVALID},
-        {{0, 1.0, 1.0, 0.0, 1.0, 10, 11}, PRISM_ERR_INVALID},
+        {{0, 1.0, 1.0, 0.0, 1.0, 10, 0, false, 0, 0}, PRISM_OK},
+        {{0, 0.0, 0.0, 0.0, 0.0, 0, 0, false, 0, 0}, PRISM_OK},
+        {{0, 1.0, 1.0, -3.5, 1.0, 10, 0, false, 0, 0}, PRISM_OK}, /* a mean may be negative */
+        {{0, 1.0, 1.0, 0.0, 1.0, 10, 10, false, 0, 0}, PRISM_OK},
+        {{0, -1.0, 1.0, 0.0, 1.0, 10, 0, false, 0, 0}, PRISM_ERR_INVALID},
+        {{0, 1.0, -1.0, 0.0, 1.0, 10, 0, false, 0, 0}, PRISM_ERR_INVALID},
+        {{0, 1.0, 1.0, 0.0, -0.5, 10, 0, false, 0, 0}, PRISM_ERR_INVALID},
+        {{0, 1.0, 1.0, 0.0, 1.0, 10, 11, false, 0, 0}, PRISM_ERR_INVALID},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         prism_error err;
         CU_ASSERT_EQUAL(prism_block_stats_check(&cases[i].s, &err), cases[i].want);
     }
     /* NaN or Inf in l2_norm is allowed: the block is non-finite for that step. */
-    prism_block_stats nan_norm = {0, NAN, 1.0, 0.0, 1.0, 10, 0};
-    prism_block_stats inf_norm = {0, INFINITY, 1.0, 0.0, 1.0, 10, 0};
+    prism_block_stats nan_norm = {0, NAN, 1.0, 0.0, 1.0, 10, 0, false, 0, 0};
+    prism_block_stats inf_norm = {0, INFINITY, 1.0, 0.0, 1.0, 10, 0, false, 0, 0};
     prism_error err;
     CU_ASSERT_EQUAL(prism_block_stats_check(&nan_norm, &err), PRISM_OK);
     CU_ASSERT_EQUAL(prism_block_stats_check(&inf_norm, &err), PRISM_OK);
@@ -161,7 +161,7 @@ static void test_block_stats_finite_needs_no_nonfinite_and_a_finite_norm(void)
         {1.0, 0, true}, {0.0, 0, true}, {1.0, 1, false}, {NAN, 0, false}, {INFINITY, 0, false}, {NAN, 3, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        prism_block_stats s = {0, cases[i].l2, 1.0, 0.0, 1.0, 10, cases[i].nonfinite};
+        prism_block_stats s = {0, cases[i].l2, 1.0, 0.0, 1.0, 10, cases[i].nonfinite, false, 0, 0};
         CU_ASSERT_EQUAL(prism_block_stats_finite(&s), cases[i].want);
     }
 }
@@ -210,14 +210,14 @@ static void test_add_step_rejects_bad_input_and_changes_nothing(void)
     feed_pair(p, 10, 0.5, &r);
     prism_error err;
     prism_block_stats dup[2] = {stats(3, 1.0), stats(3, 2.0)};
-    CU_ASSERT_EQUAL(prism_policy_add_step(p, 11, dup, 2, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, 11, NULL, dup, 2, &r, &err), PRISM_ERR_INVALID);
     prism_block_stats neg[2] = {stats(0, 1.0), stats(4, -1.0)};
-    CU_ASSERT_EQUAL(prism_policy_add_step(p, 11, neg, 2, &r, &err), PRISM_ERR_INVALID);
-    prism_block_stats bad_nonfinite[1] = {{5, 1.0, 1.0, 0.0, 1.0, 10, 11}};
-    CU_ASSERT_EQUAL(prism_policy_add_step(p, 11, bad_nonfinite, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, 11, NULL, neg, 2, &r, &err), PRISM_ERR_INVALID);
+    prism_block_stats bad_nonfinite[1] = {{5, 1.0, 1.0, 0.0, 1.0, 10, 11, false, 0, 0}};
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, 11, NULL, bad_nonfinite, 1, &r, &err), PRISM_ERR_INVALID);
     prism_block_stats ok[1] = {stats(6, 1.0)};
-    CU_ASSERT_NOT_EQUAL(prism_policy_add_step(p, 10, ok, 1, &r, &err), PRISM_OK); /* not increasing */
-    CU_ASSERT_NOT_EQUAL(prism_policy_add_step(p, 9, ok, 1, &r, &err), PRISM_OK);
+    CU_ASSERT_NOT_EQUAL(prism_policy_add_step(p, 10, NULL, ok, 1, &r, &err), PRISM_OK); /* not increasing */
+    CU_ASSERT_NOT_EQUAL(prism_policy_add_step(p, 9, NULL, ok, 1, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL(prism_policy_steps_collected(p), 1);
     CU_ASSERT_EQUAL(prism_policy_block_count(p), 2);
     CU_ASSERT_PTR_NULL(prism_policy_find_block(p, 3));
@@ -1280,10 +1280,10 @@ static void test_bandwidth_saving_weighted_by_bf16_bytes_when_every_block_has_th
 static void test_huge_norms_do_not_overflow_the_step_mean(void)
 {
     prism_policy *p = make_policy("{\"warmup_steps\": 1}", NULL);
-    prism_block_stats b[2] = {{0, 1e308, 1, 0, 0, 4, 0}, {1, 1e308, 1, 0, 0, 4, 0}};
+    prism_block_stats b[2] = {{0, 1e308, 1, 0, 0, 4, 0, false, 0, 0}, {1, 1e308, 1, 0, 0, 4, 0, false, 0, 0}};
     prism_step_result r;
     prism_error err;
-    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 1, b, 2, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 1, NULL, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL(block(p, 0)->relative_magnitude, 1.0);
     CU_ASSERT_EQUAL(block(p, 1)->sensitivity, 0.5);
     CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_BF16);
@@ -1326,11 +1326,11 @@ static void test_step_ids_past_the_bound_are_refused(void)
     prism_block_stats b[1] = {stats(0, 1.0)};
     prism_step_result r;
     prism_error err;
-    CU_ASSERT_EQUAL(prism_policy_add_step(p, UINT64_MAX, b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, UINT64_MAX, NULL, b, 1, &r, &err), PRISM_ERR_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "is above the largest step id 9007199253740991"));
-    CU_ASSERT_EQUAL(prism_policy_add_step(p, PRISM_STEP_MAX + 1, b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, PRISM_STEP_MAX + 1, NULL, b, 1, &r, &err), PRISM_ERR_INVALID);
     CU_ASSERT_EQUAL(prism_policy_steps_collected(p), 0);
-    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, PRISM_STEP_MAX, b, 1, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, PRISM_STEP_MAX, NULL, b, 1, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL(r.effective_step, (UINT64_C(1) << 53) - 1);
     prism_policy_destroy(p);
 }

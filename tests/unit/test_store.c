@@ -38,7 +38,7 @@ static size_t fill_step(uint64_t step, prism_block_stats *b)
     for (size_t i = 0; i < NBLOCKS; i++) {
         double phase = (double)step / 7.0 + (double)i;
         b[i] = (prism_block_stats){(uint32_t)(i * 10 + 1), 1.0 + (double)i * 0.3 + sin(phase), 1.0, 0.0, 1e-4, 64,
-                                   (i == 4 && step % 11 == 0) ? 2u : 0u};
+                                   (i == 4 && step % 11 == 0) ? 2u : 0u, false, 0, 0};
     }
     return NBLOCKS;
 }
@@ -52,7 +52,7 @@ static void run_steps(prism_policy *p, uint64_t from, uint64_t to, prism_buf *ou
     for (uint64_t step = from; step <= to; step++) {
         size_t n = fill_step(step, b);
         prism_step_result r;
-        CU_ASSERT_FATAL(prism_policy_add_step(p, step, b, n, &r, &err) == PRISM_OK);
+        CU_ASSERT_FATAL(prism_policy_add_step(p, step, NULL, b, n, &r, &err) == PRISM_OK);
         if (r.decided)
             CU_ASSERT_FATAL(prism_telemetry_append(out, p, &r.summary, 1.0, NULL) == PRISM_OK);
         if (store && (r.decided || r.map_changed))
@@ -191,9 +191,9 @@ static void save_one_decision(prismd_store *store, prism_config *cfg)
     prism_error err;
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_job(store, "job-1", NULL, 1, cfg, &err), PRISM_OK);
     prism_policy *p = prism_policy_create(cfg, &err);
-    prism_block_stats b[2] = {{1, 3.0, 1, 0, 0, 4, 0}, {2, 1.0, 1, 0, 0, 4, 0}};
+    prism_block_stats b[2] = {{1, 3.0, 1, 0, 0, 4, 0, false, 0, 0}, {2, 1.0, 1, 0, 0, 4, 0, false, 0, 0}};
     prism_step_result r;
-    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, NULL, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_EQUAL_FATAL(r.change_count, 1);
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, NULL, NAN, NULL, &err),
                           PRISM_OK);
@@ -255,9 +255,9 @@ static void test_restored_block_keeps_hysteresis_not_a_fresh_assignment(void)
     store = prismd_store_open(dir, &err);
     loaded l = {0};
     CU_ASSERT_EQUAL_FATAL(prismd_store_load_jobs(store, &cfg, collect, &l, &err), PRISM_OK);
-    prism_block_stats b[2] = {{1, 1.5, 1, 0, 0, 4, 0}, {2, 1.0, 1, 0, 0, 4, 0}};
+    prism_block_stats b[2] = {{1, 1.5, 1, 0, 0, 4, 0, false, 0, 0}, {2, 1.0, 1, 0, 0, 4, 0, false, 0, 0}};
     prism_step_result r;
-    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(l.policy, 8, b, 2, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(l.policy, 8, NULL, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_TRUE(r.decided);
     CU_ASSERT_EQUAL(prism_policy_find_block(l.policy, 2)->sensitivity, 0.4);
     CU_ASSERT_EQUAL(prism_policy_find_block(l.policy, 2)->precision, PRISM_PRECISION_INT8);
@@ -372,9 +372,9 @@ static void test_scores_and_summary_come_back_exactly(void)
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_job(store, "job-1", NULL, 1, &cfg, &err), PRISM_OK);
     prism_policy *p = prism_policy_create(&cfg, &err);
     prism_policy_set_calibration(p, PRISM_PRECISION_INT8, 2, 0.01, &err);
-    prism_block_stats b[2] = {{1, 3.0, 1, 0, 0, 4, 0}, {2, 1.0, 1, 0, 0, 4, 0}};
+    prism_block_stats b[2] = {{1, 3.0, 1, 0, 0, 4, 0, false, 0, 0}, {2, 1.0, 1, 0, 0, 4, 0, false, 0, 0}};
     prism_step_result r;
-    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, b, 2, &r, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_add_step(p, 7, NULL, b, 2, &r, &err), PRISM_OK);
     CU_ASSERT_TRUE_FATAL(r.decided);
     CU_ASSERT_EQUAL_FATAL(prismd_store_save_state(store, "job-1", p, 7, 8, r.changes, r.change_count, &r.summary,
                                                   1764150000.125, NULL, &err), PRISM_OK);

@@ -47,11 +47,11 @@ static void feed(prism_policy *p, uint64_t step, const double *l2, size_t count,
     prism_block_stats blocks[64];
     CU_ASSERT_FATAL(count <= 64);
     for (size_t i = 0; i < count; i++) {
-        prism_block_stats s = {(uint32_t)i, l2[i], 1.0, 0.0, 0.25, 1000, 0};
+        prism_block_stats s = {(uint32_t)i, l2[i], 1.0, 0.0, 0.25, 1000, 0, false, 0, 0};
         blocks[i] = s;
     }
     prism_error err;
-    prism_status st = prism_policy_add_step(p, step, blocks, count, out, &err);
+    prism_status st = prism_policy_add_step(p, step, NULL, blocks, count, out, &err);
     if (st)
         fprintf(stderr, "add_step: %s\n", err.message);
     CU_ASSERT_FATAL(st == PRISM_OK);
@@ -296,10 +296,10 @@ static void test_sensitivity_figures_skip_blocks_without_a_score(void)
      * blocks 0 and 1 (l2 0.25 and 0.75: s 0.25 and 0.75). */
     prism_policy *p = make_policy(NULL);
     prism_block_stats blocks[3] = {
-        {0, 0.25, 1.0, 0.0, 0.25, 100, 0}, {1, 0.75, 1.0, 0.0, 0.25, 100, 0}, {2, NAN, 1.0, 0.0, 0.25, 100, 3}};
+        {0, 0.25, 1.0, 0.0, 0.25, 100, 0, false, 0, 0}, {1, 0.75, 1.0, 0.0, 0.25, 100, 0, false, 0, 0}, {2, NAN, 1.0, 0.0, 0.25, 100, 3, false, 0, 0}};
     prism_step_result r;
     prism_error err;
-    CU_ASSERT_FATAL(prism_policy_add_step(p, 5, blocks, 3, &r, &err) == PRISM_OK);
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 5, NULL, blocks, 3, &r, &err) == PRISM_OK);
     json_t *rec = record(p, &r, 0.0);
     CU_ASSERT_EQUAL(num(rec, "mean_sensitivity"), 0.5);
     CU_ASSERT_EQUAL(num(rec, "max_sensitivity"), 0.75);
