@@ -225,7 +225,9 @@ class Policy:
         saved = total = sens_sum = 0.0
         low = bf16 = scored = 0
         smax = smin = 0.0
+        by_precision = {name: 0 for name in SAVING}
         for b in self.order:
+            by_precision[b.precision] += 1
             if b.precision != "bf16":
                 low += 1
             else:
@@ -240,7 +242,7 @@ class Policy:
                     smin = b.sens
                 sens_sum += b.sens
                 scored += 1
-        return {"step": step, "bf16": bf16, "low": low, "scored": scored,
+        return {"step": step, "bf16": bf16, "low": low, "scored": scored, "by_precision": by_precision,
                 "mean": sens_sum / scored if scored else 0.0, "max": smax, "min": smin,
                 "changes": precision_changes,
                 "saving": c_round(saved / total * 100.0 * 10.0) / 10.0 if total > 0 else 0.0}
@@ -259,7 +261,10 @@ def record(p, s, timestamp, loss):
     details = ['"%d":{"precision":"%s","sensitivity":%s,"grad_score":%s,"error_score":%s,"relative_magnitude":%s}'
                % (b.id, b.precision, opt(b.has_score, b.sens), opt(b.has_score, b.grad),
                   opt(b.has_score and b.has_err, b.err), opt(b.has_score, b.rel)) for b in p.order]
-    return head + ',"block_details":{' + ",".join(details) + "}}\n"
+    # Issue 17's fields, last; the reference implements no loss-spike rule (its configs leave it off).
+    tail = ',"blocks_by_precision":{%s},"loss_spike":false' % ",".join(
+        '"%s":%d' % (name, s["by_precision"][name]) for name in SAVING)
+    return head + ',"block_details":{' + ",".join(details) + "}" + tail + "}\n"
 
 
 class Merger:

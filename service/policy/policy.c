@@ -1,6 +1,7 @@
-/* The decision rules of DESIGN 4.2 and the summary of 4.4. Per-block state sits in arrays
- * indexed by a dense slot (idmap.h); the window of a block is a ring of history_window
- * relative magnitudes in one shared array. */
+/* The decision rules of DESIGN 4.2 and 4.7 and the summary of 4.4. Per-block state sits in
+ * arrays indexed by a dense slot (idmap.h); the window of a block is a ring of history_window
+ * relative magnitudes in one shared array, with the saturation figures of each entry in parallel
+ * arrays of the same layout. The losses of the spike rule (W) are one ring of loss_spike_window. */
 #include "policy.h"
 
 #include "idmap.h"
@@ -16,6 +17,7 @@ typedef struct block {
     bool nonfinite_pending; /* a non-finite step since the last decision */
     uint32_t win_len, win_head;
     uint64_t seen_call;     /* add_step call that last saw it, to catch repeated ids */
+    uint64_t rolled_call;   /* add_step call whose loss spike rolled it back */
     double calibration[PRISM_PRECISION_COUNT]; /* NaN: not known */
 } block;
 
@@ -27,7 +29,13 @@ struct prism_policy {
     block *blocks;
     size_t nblocks, cap_blocks;
     double *windows;       /* cap_blocks * stride */
+    uint8_t *sat_has;      /* cap_blocks * stride: the window entry carried saturation figures */
+    double *sat_val, *und_val; /* cap_blocks * stride: its saturated and underflowed fractions */
     size_t stride;         /* the history_window the array was laid out for */
+    double *losses;        /* W: ring of loss_cap values */
+    double *loss_scratch;  /* loss_cap values, for the median */
+    size_t loss_cap, loss_len, loss_head;
+    prism_policy_counters counters;
     uint32_t *order;       /* slots of reported blocks in ascending id order */
     size_t norder;
     bool order_dirty;
@@ -51,6 +59,8 @@ const char *prism_reason_name(prism_reason r)
     case PRISM_REASON_MODE: return "mode";
     case PRISM_REASON_NONFINITE: return "nonfinite";
     case PRISM_REASON_LOSS_SPIKE: return "loss_spike";
+    case PRISM_REASON_FORMAT: return "format";
+    case PRISM_REASON_SATURATION: return "saturation";
     }
     return "?";
 }
@@ -91,6 +101,57 @@ static prism_status nomem(prism_error *err)
     return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
 }
 
+/* Gives W room for cap losses, keeping its newest values (oldest first at index 0). */
+static prism_status resize_losses(prism_policy *p, size_t cap, prism_error *err)
+{
+    double *nl = malloc(cap * sizeof *nl);
+    double *ns = malloc(cap * sizeof *ns);
+    if (!nl || !ns) {
+        free(nl);
+        free(ns);
+        return nomem(err);
+    }
+    size_t keep = p->loss_len < cap ? p->loss_len : cap;
+    for (size_t i = 0; i < keep; i++)
+        nl[i] = p->losses[(p->loss_head + p->loss_len - keep + i) % p->loss_cap];
+    free(p->losses);
+    free(p->loss_scratch);
+    p->losses = nl;
+    p->loss_scratch = ns;
+    p->loss_cap = cap;
+    p->loss_len = keep;
+    p->loss_head = 0;
+    return PRISM_OK;
+}
+
+static void loss_push(prism_policy *p, double loss)
+{
+    if (p->loss_len < p->loss_cap) {
+        p->losses[(p->loss_head + p->loss_len) % p->loss_cap] = loss;
+        p->loss_len++;
+    } else {
+        p->losses[p->loss_head] = loss;
+        p->loss_head = (p->loss_head + 1) % p->loss_cap;
+    }
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of W (not empty): the middle value of a sorted copy, or the mean of the two middle
+ * values of an even count. */
+static double loss_median(prism_policy *p)
+{
+    for (size_t i = 0; i < p->loss_len; i++)
+        p->loss_scratch[i] = p->losses[(p->loss_head + i) % p->loss_cap];
+    qsort(p->loss_scratch, p->loss_len, sizeof *p->loss_scratch, compare_double);
+    size_t m = p->loss_len / 2;
+    return p->loss_len % 2 ? p->loss_scratch[m] : (p->loss_scratch[m - 1] + p->loss_scratch[m]) / 2.0;
+}
+
 prism_policy *prism_policy_create(const prism_config *cfg, prism_error *err)
 {
     if (prism_config_validate(cfg, err))
@@ -106,6 +167,10 @@ prism_policy *prism_policy_create(const prism_config *cfg, prism_error *err)
     }
     prism_idmap_init(&p->ids);
     p->stride = (size_t)cfg->history_window;
+    if (resize_losses(p, (size_t)cfg->loss_spike_window, err)) {
+        prism_policy_destroy(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -119,6 +184,11 @@ void prism_policy_destroy(prism_policy *p)
     prism_idmap_free(&p->ids);
     free(p->blocks);
     free(p->windows);
+    free(p->sat_has);
+    free(p->sat_val);
+    free(p->und_val);
+    free(p->losses);
+    free(p->loss_scratch);
     free(p->order);
     free(p->changes);
     free(p->step_slots);
@@ -170,6 +240,18 @@ static prism_status slot_of(prism_policy *p, uint32_t id, uint32_t *slot, prism_
         if (!nw)
             return nomem(err);
         p->windows = nw;
+        uint8_t *nh = realloc(p->sat_has, ncap * p->stride * sizeof *nh);
+        if (!nh)
+            return nomem(err);
+        p->sat_has = nh;
+        double *nsv = realloc(p->sat_val, ncap * p->stride * sizeof *nsv);
+        if (!nsv)
+            return nomem(err);
+        p->sat_val = nsv;
+        double *nuv = realloc(p->und_val, ncap * p->stride * sizeof *nuv);
+        if (!nuv)
+            return nomem(err);
+        p->und_val = nuv;
         uint32_t *no = realloc(p->order, ncap * sizeof *no);
         if (!no)
             return nomem(err);
@@ -182,6 +264,7 @@ static prism_status slot_of(prism_policy *p, uint32_t id, uint32_t *slot, prism_
     memset(b, 0, sizeof *b);
     b->view.id = id;
     b->view.precision = PRISM_PRECISION_BF16;
+    b->view.candidate = prism_config_low_format(&p->cfg);
     for (int f = 0; f < PRISM_PRECISION_COUNT; f++)
         b->calibration[f] = NAN;
     *slot = (uint32_t)p->nblocks++;
@@ -249,36 +332,62 @@ static double *window_of(prism_policy *p, uint32_t slot)
     return p->windows + (size_t)slot * p->stride;
 }
 
-static void window_push(prism_policy *p, uint32_t slot, double rel)
+/* Appends a window entry: rel and, when s carries them, the step's saturation figures. */
+static void window_push(prism_policy *p, uint32_t slot, double rel, const prism_block_stats *s)
 {
     block *b = &p->blocks[slot];
-    double *w = window_of(p, slot);
+    size_t at;
     if (b->win_len < p->stride) {
-        w[(b->win_head + b->win_len) % p->stride] = rel;
+        at = (b->win_head + b->win_len) % p->stride;
         b->win_len++;
     } else {
-        w[b->win_head] = rel;
+        at = b->win_head;
         b->win_head = (uint32_t)((b->win_head + 1) % p->stride);
     }
+    at += (size_t)slot * p->stride;
+    p->windows[at] = rel;
+    bool has = s && s->has_saturation;
+    p->sat_has[at] = has;
+    p->sat_val[at] = has ? s->saturated_fraction : 0.0;
+    p->und_val[at] = has ? s->underflowed_fraction : 0.0;
 }
 
 /* Lays the windows out again for a new history_window, keeping each block's newest values. */
 static prism_status relayout_windows(prism_policy *p, size_t stride, prism_error *err)
 {
-    double *nw = malloc((p->cap_blocks ? p->cap_blocks : 1) * stride * sizeof *nw);
-    if (!nw)
+    size_t room = (p->cap_blocks ? p->cap_blocks : 1) * stride;
+    double *nw = malloc(room * sizeof *nw);
+    uint8_t *nh = malloc(room * sizeof *nh);
+    double *nsv = malloc(room * sizeof *nsv);
+    double *nuv = malloc(room * sizeof *nuv);
+    if (!nw || !nh || !nsv || !nuv) {
+        free(nw);
+        free(nh);
+        free(nsv);
+        free(nuv);
         return nomem(err);
+    }
     for (size_t s = 0; s < p->nblocks; s++) {
         block *b = &p->blocks[s];
-        const double *w = window_of(p, (uint32_t)s);
         uint32_t keep = b->win_len < stride ? b->win_len : (uint32_t)stride;
-        for (uint32_t i = 0; i < keep; i++)
-            nw[s * stride + i] = w[(b->win_head + b->win_len - keep + i) % p->stride];
+        for (uint32_t i = 0; i < keep; i++) {
+            size_t from = s * p->stride + (b->win_head + b->win_len - keep + i) % p->stride;
+            nw[s * stride + i] = p->windows[from];
+            nh[s * stride + i] = p->sat_has[from];
+            nsv[s * stride + i] = p->sat_val[from];
+            nuv[s * stride + i] = p->und_val[from];
+        }
         b->win_len = keep;
         b->win_head = 0;
     }
     free(p->windows);
+    free(p->sat_has);
+    free(p->sat_val);
+    free(p->und_val);
     p->windows = nw;
+    p->sat_has = nh;
+    p->sat_val = nsv;
+    p->und_val = nuv;
     p->stride = stride;
     return PRISM_OK;
 }
@@ -289,6 +398,11 @@ static prism_status apply_pending_config(prism_policy *p, prism_error *err)
         return PRISM_OK;
     if ((size_t)p->pending.history_window != p->stride) {
         prism_status st = relayout_windows(p, (size_t)p->pending.history_window, err);
+        if (st)
+            return st;
+    }
+    if ((size_t)p->pending.loss_spike_window != p->loss_cap) {
+        prism_status st = resize_losses(p, (size_t)p->pending.loss_spike_window, err);
         if (st)
             return st;
     }
@@ -334,11 +448,47 @@ static int override_of(const prism_config *cfg, uint32_t id)
     return 0;
 }
 
+/* The low format a block would get now (DESIGN 4.7): under low_precision auto the first of
+ * low_formats whose calibration error for the block is known and <= quant_error_threshold, else
+ * the last of them; otherwise low_precision. */
+static prism_precision candidate_of(const prism_config *c, const block *b)
+{
+    if (c->low_precision != PRISM_LOW_AUTO)
+        return c->low_precision;
+    const prism_format_list *l = &c->low_formats;
+    for (size_t i = 0; i < l->count; i++) {
+        double e = b->calibration[l->formats[i]];
+        if (!isnan(e) && e <= c->quant_error_threshold)
+            return l->formats[i];
+    }
+    return l->formats[l->count - 1];
+}
+
+/* The candidate, the score (DESIGN 4.2, with the candidate's calibration error) and the
+ * saturation figures (mean over the window entries that carried them) of a block. */
 static void score_block(prism_policy *p, uint32_t slot)
 {
     const prism_config *c = &p->cfg;
     block *b = &p->blocks[slot];
     prism_block_view *v = &b->view;
+    v->candidate = candidate_of(c, b);
+    v->has_saturation = false;
+    v->saturated_fraction = v->underflowed_fraction = 0;
+    size_t base = (size_t)slot * p->stride, with = 0;
+    double sat = 0, und = 0;
+    for (uint32_t i = 0; i < b->win_len; i++) {
+        size_t at = base + (b->win_head + i) % p->stride;
+        if (p->sat_has[at]) {
+            sat += p->sat_val[at];
+            und += p->und_val[at];
+            with++;
+        }
+    }
+    if (with) {
+        v->has_saturation = true;
+        v->saturated_fraction = sat / (double)with;
+        v->underflowed_fraction = und / (double)with;
+    }
     v->has_score = false;
     v->has_error_score = false;
     v->sensitivity = v->grad_score = v->relative_magnitude = v->error_score = 0;
@@ -351,7 +501,7 @@ static void score_block(prism_policy *p, uint32_t slot)
     v->relative_magnitude = sum / b->win_len;
     v->grad_score = fmin(v->relative_magnitude / c->grad_sensitivity_threshold, 1.0);
     double s = v->grad_score;
-    double e = b->calibration[prism_config_low_format(c)];
+    double e = b->calibration[v->candidate];
     if (!isnan(e)) {
         v->has_error_score = true;
         v->error_score = fmin(e / c->quant_error_threshold, 1.0);
@@ -361,16 +511,20 @@ static void score_block(prism_policy *p, uint32_t slot)
     v->has_score = true;
 }
 
-/* Where the rules of DESIGN 4.2 put one block at a decision of step. */
+/* Where the rules of DESIGN 4.2 and 4.7 put one block at a scheduled decision of step, in this
+ * order: enabled, overrides, mode; rolled back by a loss spike at this step (nothing more);
+ * non-finite; saturation; score (hysteresis, cooldown, the spike's hold); format. */
 static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, prism_error *err)
 {
     const prism_config *c = &p->cfg;
     block *b = &p->blocks[slot];
     prism_block_view *v = &b->view;
-    prism_precision low = prism_config_low_format(c);
+    bool autolow = c->low_precision == PRISM_LOW_AUTO;
     bool nonfinite = b->nonfinite_pending;
     b->nonfinite_pending = false;
     score_block(p, slot);
+    prism_precision cand = v->candidate;
+    bool cooling = v->has_switch && step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
 
     int forced = override_of(c, v->id);
     v->forced = forced != 0;
@@ -380,41 +534,81 @@ static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, 
         target = PRISM_PRECISION_BF16;
         reason = PRISM_REASON_MODE;
     } else if (forced) {
-        target = forced == 1 ? PRISM_PRECISION_BF16 : low;
-        reason = PRISM_REASON_OVERRIDE;
+        target = forced == 1 ? PRISM_PRECISION_BF16 : cand;
+        /* Under auto a forced block already low follows its candidate at once, as a format change. */
+        reason = forced == 2 && autolow && is_low(v->precision) ? PRISM_REASON_FORMAT : PRISM_REASON_OVERRIDE;
     } else if (c->mode != PRISM_MODE_DYNAMIC) {
         target = PRISM_PRECISION_BF16;
         reason = PRISM_REASON_MODE;
+    } else if (b->rolled_call == p->calls) {
+        return PRISM_OK; /* sent to bf16 by this step's loss spike, before the per-block rules */
     } else if (nonfinite) {
         target = PRISM_PRECISION_BF16;
         reason = PRISM_REASON_NONFINITE;
-    } else if (v->has_score) {
-        double s = v->sensitivity;
-        bool want_low;
-        if (!b->assigned) {
-            want_low = s >= c->bf16_threshold  ? false
-                       : s < c->int8_threshold ? true
-                                               : c->ambiguous_default == PRISM_AMBIGUOUS_LOW;
-        } else if (is_low(v->precision)) {
-            want_low = !(s >= c->bf16_threshold);
-        } else {
-            want_low = s < c->int8_threshold - c->hysteresis_margin;
+    } else if (is_low(v->precision) && v->has_saturation && v->saturated_fraction > c->saturation_threshold) {
+        target = PRISM_PRECISION_BF16;
+        reason = PRISM_REASON_SATURATION;
+    } else {
+        if (v->has_score) {
+            double s = v->sensitivity;
+            bool want_low;
+            if (!b->assigned) {
+                want_low = s >= c->bf16_threshold  ? false
+                           : s < c->int8_threshold ? true
+                                                   : c->ambiguous_default == PRISM_AMBIGUOUS_LOW;
+            } else if (is_low(v->precision)) {
+                want_low = !(s >= c->bf16_threshold);
+            } else {
+                want_low = s < c->int8_threshold - c->hysteresis_margin;
+            }
+            /* A block in cooldown keeps its precision, except at its fresh assignment (DESIGN 4.2:
+             * no cooldown applies there, even after an override or non-finite switch). A block a
+             * loss spike rolled back is not moved low before its hold ends (DESIGN 4.7). */
+            bool score_cooling = b->assigned && cooling;
+            bool held = v->held && step < v->hold_until;
+            b->assigned = true;
+            if (!score_cooling && want_low != is_low(v->precision) && !(want_low && held))
+                target = want_low ? cand : PRISM_PRECISION_BF16;
         }
-        /* A block in cooldown keeps its precision, except at its fresh assignment (DESIGN 4.2:
-         * no cooldown applies there, even after an override or non-finite switch). */
-        bool cooling = b->assigned && v->has_switch &&
-                       step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
-        b->assigned = true;
-        if (!cooling && want_low != is_low(v->precision))
-            target = want_low ? low : PRISM_PRECISION_BF16;
+        /* Under auto a block kept low moves to its candidate with reason format, unless cooling. */
+        if (autolow && is_low(target) && target == v->precision && target != cand && !cooling) {
+            target = cand;
+            reason = PRISM_REASON_FORMAT;
+        }
     }
-    /* A block kept low follows a change of the low format. */
-    if (is_low(target) && target != low) {
-        target = low;
+    /* A fixed low_precision: a block kept low follows a change of it at once. */
+    if (!autolow && is_low(target) && target != c->low_precision) {
+        target = c->low_precision;
         reason = PRISM_REASON_MODE;
     }
     if (target != v->precision)
         return record_change(p, b, target, step, reason, err);
+    return PRISM_OK;
+}
+
+/* Rule 1 of DESIGN 4.7 at a loss spike at step: every reported block that is enabled, dynamic,
+ * not forced, low now, last changed by score within loss_spike_window steps goes to bf16 with
+ * reason loss_spike whatever its cooldown, and is held there for loss_spike_hold_steps. */
+static prism_status roll_back(prism_policy *p, uint64_t step, size_t *rolled, prism_error *err)
+{
+    const prism_config *c = &p->cfg;
+    *rolled = 0;
+    if (!c->enabled || c->mode != PRISM_MODE_DYNAMIC)
+        return PRISM_OK;
+    for (size_t i = 0; i < p->norder; i++) {
+        block *b = &p->blocks[p->order[i]];
+        prism_block_view *v = &b->view;
+        if (!is_low(v->precision) || v->reason != PRISM_REASON_SCORE || !v->has_switch ||
+            override_of(c, v->id) != 0 || step - v->last_switch_step > (uint64_t)c->loss_spike_window)
+            continue;
+        prism_status st = record_change(p, b, PRISM_PRECISION_BF16, step, PRISM_REASON_LOSS_SPIKE, err);
+        if (st)
+            return st;
+        v->held = true;
+        v->hold_until = step + (uint64_t)c->loss_spike_hold_steps;
+        b->rolled_call = p->calls;
+        (*rolled)++;
+    }
     return PRISM_OK;
 }
 
@@ -461,6 +655,8 @@ static void summarize(prism_policy *p, uint64_t step, prism_summary *s)
             s->blocks_low++;
         else
             s->blocks_bf16++;
+        if ((unsigned)v->precision < PRISM_PRECISION_COUNT)
+            s->blocks_by_precision[v->precision]++;
         double w = all_bytes ? (double)v->param_bytes_bf16 : 1.0;
         saved += w * prism_precision_saving(v->precision);
         total += w;
@@ -506,7 +702,7 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
                                    size_t count, prism_step_result *out, prism_error *err)
 {
     memset(out, 0, sizeof *out);
-    (void)loss; /* the loss-spike rule comes next */
+    bool has_loss = loss && isfinite(*loss); /* a non-finite loss counts as none */
     if (step > PRISM_STEP_MAX)
         return prism_error_set(err, PRISM_ERR_INVALID, "step %llu is above the largest step id %llu",
                                (unsigned long long)step, (unsigned long long)PRISM_STEP_MAX);
@@ -555,11 +751,12 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
             p->order_dirty = true;
             int forced = override_of(&p->cfg, r->block_id);
             b->view.forced = forced != 0;
-            if (forced == 2 && (st = record_change(p, b, prism_config_low_format(&p->cfg), step, PRISM_REASON_OVERRIDE, err)))
+            b->view.candidate = candidate_of(&p->cfg, b);
+            if (forced == 2 && (st = record_change(p, b, b->view.candidate, step, PRISM_REASON_OVERRIDE, err)))
                 return st;
         }
         if (prism_block_stats_finite(r))
-            window_push(p, slot, mean_l2 > 0 ? r->l2_norm / mean_l2 : 0.0);
+            window_push(p, slot, mean_l2 > 0 ? r->l2_norm / mean_l2 : 0.0, r);
         else
             b->nonfinite_pending = true;
     }
@@ -569,16 +766,40 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
     if ((st = refresh_order(p, err)))
         return st;
 
-    if (is_decision_step(&p->cfg, p->collected)) {
-        if ((st = apply_pending_config(p, err)))
+    /* DESIGN 4.7 rule 1: at a scheduled decision the pending config first (the spike test uses
+     * it), then the spike test against W, then W, then the rollback and the decision. Off the
+     * schedule a spike that rolls back a block is a decision of its own: the config in force, no
+     * scores recomputed (the views keep the last scheduled decision's), non-finite flags left
+     * pending, the schedule unmoved. */
+    bool scheduled = is_decision_step(&p->cfg, p->collected);
+    if (scheduled && (st = apply_pending_config(p, err)))
+        return st;
+    const prism_config *c = &p->cfg;
+    bool spike = has_loss && c->loss_spike_factor > 0 && p->loss_len == (size_t)c->loss_spike_window &&
+                 *loss > c->loss_spike_factor * loss_median(p);
+    if (has_loss && !spike)
+        loss_push(p, *loss);
+    size_t first_report_changes = p->nchanges, rolled = 0;
+    if (spike) {
+        p->counters.loss_spikes++;
+        if ((st = roll_back(p, step, &rolled, err)))
             return st;
-        size_t first_report_changes = p->nchanges;
+        p->counters.blocks_rolled_back += rolled;
+        if (rolled && !scheduled)
+            p->counters.loss_spike_decisions++;
+    }
+    if (scheduled)
         for (size_t i = 0; i < p->norder; i++)
             if ((st = decide_block(p, p->order[i], step, err)))
                 return st;
+    out->scheduled = scheduled;
+    out->loss_spike = spike;
+    out->rolled_back = rolled;
+    if (scheduled || rolled) {
         out->decided = true;
         summarize(p, step, &out->summary);
         out->summary.precision_changes = p->nchanges - first_report_changes;
+        out->summary.loss_spike = spike;
     }
     if (p->nchanges) {
         p->map_version++;
@@ -591,6 +812,11 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
     out->changes = p->changes;
     out->change_count = p->nchanges;
     return PRISM_OK;
+}
+
+void prism_policy_counters_get(const prism_policy *p, prism_policy_counters *out)
+{
+    *out = p->counters;
 }
 
 uint64_t prism_policy_steps_collected(const prism_policy *p)
@@ -684,7 +910,7 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
         b->win_len = 0;
         b->win_head = 0;
         for (uint32_t k = r->window_len - keep; k < r->window_len; k++)
-            window_push(p, slot, r->window[k]);
+            window_push(p, slot, r->window[k], NULL);
     }
     p->order_dirty = true;
     if ((st = refresh_order(p, err)))

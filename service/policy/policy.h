@@ -1,6 +1,6 @@
-/* The policy core of DESIGN 4.2 to 4.4: per-block windows, scores, first assignment,
- * hysteresis, cooldown, the non-finite rule, modes, overrides and the telemetry summary of
- * every decision. It does no I/O, starts no thread and reads no clock: a caller (prismd's
+/* The policy core of DESIGN 4.2 to 4.4 and 4.7: per-block windows, scores, first assignment,
+ * hysteresis, cooldown, the non-finite rule, modes, overrides, the loss-spike rollback, a low
+ * format per block, the saturation rule and the telemetry summary of every decision. It does no I/O, starts no thread and reads no clock: a caller (prismd's
  * policy thread, `prismctl replay`) feeds it complete, rank-merged steps in order. One
  * prism_policy is one job; it is not thread-safe, and needs no locking when one thread owns it. */
 #ifndef PRISM_POLICY_POLICY_H
@@ -40,10 +40,14 @@ typedef enum prism_reason {
     PRISM_REASON_OVERRIDE = 2,
     PRISM_REASON_MODE = 3,
     PRISM_REASON_NONFINITE = 4,
-    PRISM_REASON_LOSS_SPIKE = 5
+    PRISM_REASON_LOSS_SPIKE = 5,
+    PRISM_REASON_FORMAT = 6,    /* a low block moved to its candidate low format (low_precision auto) */
+    PRISM_REASON_SATURATION = 7 /* a low block whose saturated fraction passed saturation_threshold */
 } prism_reason;
 
-/* "none", "score", "override", "mode", "nonfinite", "loss_spike". */
+#define PRISM_REASON_MAX PRISM_REASON_SATURATION /* the largest value */
+
+/* "none", "score", "override", "mode", "nonfinite", "loss_spike", "format", "saturation". */
 const char *prism_reason_name(prism_reason r);
 
 typedef struct prism_change {
@@ -65,9 +69,18 @@ typedef struct prism_block_view {
     double sensitivity;           /* s, in [0, 1] */
     double grad_score;
     double relative_magnitude;    /* mean of rel over the window */
-    bool has_error_score;         /* a calibration error for the current low precision is known */
+    bool has_error_score;         /* a calibration error for the candidate format is known */
     double error_score;
     uint64_t param_bytes_bf16;    /* 0: not reported */
+    /* Issue 17, as of the last scheduled decision (or the block's first report). */
+    prism_precision candidate;    /* the low format the block would get: under low_precision auto the first
+                                     of low_formats whose calibration error is <= quant_error_threshold,
+                                     else the last of them; otherwise low_precision */
+    bool held;                    /* a loss spike rolled it back: hold_until is valid */
+    uint64_t hold_until;          /* the score rule does not move it low at a decision before this step */
+    bool has_saturation;          /* some entry of its window carried saturation figures */
+    double saturated_fraction;    /* mean over the window entries that carried figures */
+    double underflowed_fraction;
 } prism_block_view;
 
 /* The figures of one decision (DESIGN 4.4, less the per-block details). */
@@ -81,10 +94,15 @@ typedef struct prism_summary {
     size_t scored;            /* blocks with a score; the three sensitivities are null when 0 */
     double mean_sensitivity, max_sensitivity, min_sensitivity;
     double bandwidth_saving_pct; /* rounded to one decimal */
+    size_t blocks_by_precision[PRISM_PRECISION_COUNT]; /* reported blocks per precision */
+    bool loss_spike;          /* the decision's step was a loss spike */
 } prism_summary;
 
 typedef struct prism_step_result {
-    bool decided;          /* the step was a decision step; summary is filled */
+    bool decided;          /* a decision ran (scheduled, or a loss spike's of its own); summary is filled */
+    bool scheduled;        /* the step was a scheduled decision step (DESIGN 4.2) */
+    bool loss_spike;       /* the step was a loss spike (DESIGN 4.7) */
+    size_t rolled_back;    /* blocks the spike sent to bf16 */
     bool map_changed;      /* map_version moved: send the map */
     uint64_t map_version;
     uint64_t decided_step;
@@ -135,6 +153,16 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
  * out with a map of its own when the decision changed none). Returns the new version; the map
  * it names is the current one, decided at the last step collected. */
 uint64_t prism_policy_bump_version(prism_policy *p);
+
+/* Loss spikes seen (every one, rolling back blocks or not), decisions of their own made off the
+ * schedule for them, and blocks sent to bf16 by them. */
+typedef struct prism_policy_counters {
+    uint64_t loss_spikes;
+    uint64_t loss_spike_decisions;
+    uint64_t blocks_rolled_back;
+} prism_policy_counters;
+
+void prism_policy_counters_get(const prism_policy *p, prism_policy_counters *out);
 
 /* Steps collected so far (n of DESIGN 4.2), last step id, current map version. */
 uint64_t prism_policy_steps_collected(const prism_policy *p);

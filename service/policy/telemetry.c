@@ -229,9 +229,25 @@ prism_status prism_telemetry_append(prism_buf *b, const prism_policy *p, const p
         TRY(append_opt(b, v->has_score && v->has_error_score, v->error_score));
         TRY(append_str(b, ",\"relative_magnitude\":"));
         TRY(append_opt(b, v->has_score, v->relative_magnitude));
+        if (v->has_saturation) {
+            TRY(append_str(b, ",\"saturated_fraction\":"));
+            TRY(prism_buf_append_double(b, v->saturated_fraction));
+            TRY(append_str(b, ",\"underflowed_fraction\":"));
+            TRY(prism_buf_append_double(b, v->underflowed_fraction));
+        }
         TRY(append_str(b, "}"));
     }
-    TRY(append_str(b, "}}\n"));
+    /* Issue 17's fields come last, so that records read as before up to block_details. */
+    TRY(append_str(b, "}"));
+    TRY(append_str(b, ",\"blocks_by_precision\":{"));
+    for (int f = 0; f < PRISM_PRECISION_COUNT; f++) {
+        TRY(append_str(b, f ? ",\"" : "\""));
+        TRY(append_str(b, prism_precision_name((prism_precision)f)));
+        TRY(append_str(b, "\":"));
+        TRY(append_u64(b, s->blocks_by_precision[f]));
+    }
+    TRY(append_str(b, s->loss_spike ? "},\"loss_spike\":true" : "},\"loss_spike\":false"));
+    TRY(append_str(b, "}\n"));
 #undef TRY
     return PRISM_OK;
 }

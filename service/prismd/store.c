@@ -423,7 +423,7 @@ static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **
         if (!get(&r, &rec->view.id, 4) || !get(&r, head, 4) || !get(&r, &last, 8) ||
             !get(&r, &rec->view.param_bytes_bf16, 8) || !get(&r, rec->calibration, sizeof rec->calibration) ||
             !get(&r, &rec->window_len, 4) || rec->window_len > PRISM_WINDOW_MAX ||
-            head[0] >= PRISM_PRECISION_COUNT || head[1] > PRISM_REASON_LOSS_SPIKE)
+            head[0] >= PRISM_PRECISION_COUNT || head[1] > PRISM_REASON_MAX)
             goto damaged;
         rec->view.precision = (prism_precision)head[0];
         rec->view.reason = (prism_reason)head[1];

@@ -669,7 +669,9 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(sorted(first), sorted(["step_id", "timestamp", "blocks_bf16", "blocks_int8", "mean_sensitivity",
                                                 "max_sensitivity", "min_sensitivity", "precision_changes",
                                                 "estimated_bandwidth_saving_pct", "low_precision", "map_version",
-                                                "block_details"]))
+                                                "block_details", "blocks_by_precision", "loss_spike"]))
+        self.assertEqual((first["blocks_by_precision"], first["loss_spike"]),
+                         ({"bf16": 1, "int8": 1, "fp8_e4m3": 0, "fp8_e5m2": 0, "int4": 0}, False))
         self.assertEqual((first["step_id"], first["blocks_int8"], first["precision_changes"],
                           first["estimated_bandwidth_saving_pct"], first["map_version"]), (2, 1, 1, 25.0, 1))
         self.assertEqual((second["step_id"], second["blocks_int8"], second["map_version"]), (4, 0, 2))
@@ -696,7 +698,7 @@ class GrpcTest(unittest.TestCase):
         first, second = doc["records"]
         self.assertEqual((first["step_id"], "loss" in first), (2, False))
         self.assertEqual((second["step_id"], second["loss"]), (4, 2.5))
-        self.assertEqual(list(second)[-2:], ["loss", "block_details"])
+        self.assertEqual(list(second)[-4:], ["loss", "block_details", "blocks_by_precision", "loss_spike"])
 
     def prismctl(self, *args, token=None):
         env = dict(os.environ, PRISM_SERVER="http://" + self.prismd.http_addr)

@@ -139,7 +139,7 @@ static void test_replay_record_has_every_field_of_design_4_4(void)
     static const char *const keys[] = {"step_id", "timestamp", "blocks_bf16", "blocks_int8", "mean_sensitivity",
                                        "max_sensitivity", "min_sensitivity", "precision_changes",
                                        "estimated_bandwidth_saving_pct", "block_details", "low_precision",
-                                       "map_version"};
+                                       "map_version", /* issue 17 */ "blocks_by_precision", "loss_spike"};
     static const char *const detail_keys[] = {"precision", "sensitivity", "grad_score", "error_score",
                                               "relative_magnitude"};
     char trace[4096] = "";

@@ -440,6 +440,69 @@ static void test_records_append_one_line_each(void)
     prism_policy_destroy(p);
 }
 
+static void test_record_of_per_block_formats_counts_each_precision(void)
+{
+    /* EXACT thresholds (bf16 0.5, int8 0.25), weights 0.5/0.5, low_precision auto over
+     * [int4, fp8_e4m3, int8], quant_error_threshold 0.0625. l2 0, 0, 0, 4: mean 1, rel 0, 0, 0,
+     * 4, grad_score 0, 0, 0, 1.
+     *   block 0: int4 error 0.015625 <= 0.0625: candidate int4, error_score 0.25,
+     *            s = 0.5 * 0 + 0.5 * 0.25 = 0.125 < 0.25: int4
+     *   block 1: int4 0.125 > 0.0625, fp8_e4m3 0.0078125: candidate fp8_e4m3, error_score
+     *            0.125, s = 0.0625: fp8_e4m3
+     *   block 2: no calibration: candidate int8 (the last), s = 0: int8
+     *   block 3: s = 1: bf16
+     * blocks_by_precision bf16 1, int8 1, fp8_e4m3 1, fp8_e5m2 0, int4 1; blocks_int8 3;
+     * saving (0.75 + 0.5 + 0.5 + 0) / 4 = 0.4375: 43.75, rounded half away from zero 43.8.
+     * Block 0 reported saturation figures 0.25 / 0.125: its details carry them, no other's do. */
+    prism_policy *p = make_policy("{\"grad_weight\": 0.5, \"error_weight\": 0.5, \"low_precision\": \"auto\","
+                                  " \"quant_error_threshold\": 0.0625, \"low_formats\": [\"int4\", \"fp8_e4m3\", \"int8\"]}");
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_policy_set_calibration(p, PRISM_PRECISION_INT4, 0, 0.015625, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(prism_policy_set_calibration(p, PRISM_PRECISION_INT4, 1, 0.125, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(prism_policy_set_calibration(p, PRISM_PRECISION_FP8_E4M3, 1, 0.0078125, &err), PRISM_OK);
+    prism_block_stats blocks[4] = {
+        {0, 0.0, 1.0, 0.0, 0.25, 100, 0, true, 0.25, 0.125}, {1, 0.0, 1.0, 0.0, 0.25, 100, 0, false, 0, 0},
+        {2, 0.0, 1.0, 0.0, 0.25, 100, 0, false, 0, 0}, {3, 4.0, 1.0, 0.0, 0.25, 100, 0, false, 0, 0}};
+    prism_step_result r;
+    double loss = 2.5;
+    CU_ASSERT_FATAL(prism_policy_add_step(p, 3, &loss, blocks, 4, &r, &err) == PRISM_OK);
+    CU_ASSERT_TRUE_FATAL(r.decided);
+    json_t *rec = record(p, &r, 1.5);
+    CU_ASSERT_STRING_EQUAL(str(rec, "low_precision"), "auto");
+    CU_ASSERT_EQUAL(integer(rec, "blocks_bf16"), 1);
+    CU_ASSERT_EQUAL(integer(rec, "blocks_int8"), 3);
+    CU_ASSERT_EQUAL(num(rec, "estimated_bandwidth_saving_pct"), 43.8);
+    CU_ASSERT_TRUE(json_is_false(json_object_get(rec, "loss_spike")));
+    const json_t *by = json_object_get(rec, "blocks_by_precision");
+    CU_ASSERT_FATAL(json_is_object(by));
+    CU_ASSERT_EQUAL(json_object_size(by), 5);
+    CU_ASSERT_EQUAL(integer(by, "bf16"), 1);
+    CU_ASSERT_EQUAL(integer(by, "int8"), 1);
+    CU_ASSERT_EQUAL(integer(by, "fp8_e4m3"), 1);
+    CU_ASSERT_EQUAL(integer(by, "fp8_e5m2"), 0);
+    CU_ASSERT_EQUAL(integer(by, "int4"), 1);
+    static const char *const precisions[] = {"int4", "fp8_e4m3", "int8", "bf16"};
+    static const char *const ids[] = {"0", "1", "2", "3"};
+    for (size_t i = 0; i < 4; i++)
+        CU_ASSERT_STRING_EQUAL(str(details_of(rec, ids[i]), "precision"), precisions[i]);
+    CU_ASSERT_EQUAL(num(details_of(rec, "0"), "error_score"), 0.25);
+    CU_ASSERT_EQUAL(num(details_of(rec, "1"), "error_score"), 0.125);
+    CU_ASSERT_TRUE(is_null(details_of(rec, "2"), "error_score"));
+    CU_ASSERT_EQUAL(num(details_of(rec, "0"), "saturated_fraction"), 0.25);
+    CU_ASSERT_EQUAL(num(details_of(rec, "0"), "underflowed_fraction"), 0.125);
+    CU_ASSERT_PTR_NULL(json_object_get(details_of(rec, "1"), "saturated_fraction"));
+    CU_ASSERT_PTR_NULL(json_object_get(details_of(rec, "1"), "underflowed_fraction"));
+    /* The key order of the record: blocks_by_precision and loss_spike after block_details, last. */
+    prism_buf b = {0};
+    CU_ASSERT_EQUAL_FATAL(prism_telemetry_append(&b, p, &r.summary, 1.5, NULL), PRISM_OK);
+    CU_ASSERT_PTR_NOT_NULL(strstr(b.data, ",\"map_version\":1,\"block_details\":{"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "}},\"blocks_by_precision\":{\"bf16\":1,\"int8\":1,\"fp8_e4m3\":1,"
+                                          "\"fp8_e5m2\":0,\"int4\":1},\"loss_spike\":false}\n"));
+    prism_buf_free(&b);
+    json_decref(rec);
+    prism_policy_destroy(p);
+}
+
 static const prism_test_case cases[] = {
     {"test_double_is_written_as_shortest_exact_text", test_double_is_written_as_shortest_exact_text},
     {"test_nonfinite_doubles_are_written_as_null", test_nonfinite_doubles_are_written_as_null},
@@ -453,6 +516,8 @@ static const prism_test_case cases[] = {
     {"test_record_of_int4_and_fp8_low_formats", test_record_of_int4_and_fp8_low_formats},
     {"test_record_is_written_for_a_decision_without_change", test_record_is_written_for_a_decision_without_change},
     {"test_records_append_one_line_each", test_records_append_one_line_each},
+    {"test_record_of_per_block_formats_counts_each_precision",
+     test_record_of_per_block_formats_counts_each_precision},
     {NULL, NULL},
 };
 
