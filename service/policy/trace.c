@@ -129,7 +129,8 @@ prism_status prism_trace_check_unique_ids(const prism_block_stats *blocks, size_
 static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_error *err)
 {
     static const char *const keys[] = {"step", "rank", "loss", "blocks", NULL};
-    static const char *const block_keys[] = {"id", "l2", "max_abs", "mean", "variance", "numel", "nonfinite", NULL};
+    static const char *const block_keys[] = {"id",        "l2",        "max_abs",     "mean", "variance",
+                                             "numel",     "nonfinite", "saturated", "underflowed", NULL};
     prism_status st;
     uint64_t rank = 0;
     if ((st = only_keys(root, keys, "", err)) ||
@@ -172,6 +173,23 @@ static prism_status parse_step(const json_t *root, prism_trace_record *r, prism_
         if (s->nonfinite > s->numel)
             return prism_error_set(err, PRISM_ERR_INVALID, "%snonfinite: %llu exceeds numel %llu", where,
                                    (unsigned long long)s->nonfinite, (unsigned long long)s->numel);
+        /* Issue 17: the step's saturated and underflowed fractions, both or neither, in [0, 1]. */
+        bool sat = json_object_get(b, "saturated") != NULL, und = json_object_get(b, "underflowed") != NULL;
+        if (sat != und)
+            return prism_error_set(err, PRISM_ERR_INVALID, "%s%s: missing (saturated and underflowed come together)",
+                                   where, sat ? "underflowed" : "saturated");
+        if (sat) {
+            if ((st = get_number(b, "saturated", where, true, true, &s->saturated_fraction, err)) ||
+                (st = get_number(b, "underflowed", where, true, true, &s->underflowed_fraction, err)))
+                return st;
+            if (s->saturated_fraction > 1)
+                return prism_error_set(err, PRISM_ERR_INVALID, "%ssaturated: %g is above 1", where,
+                                       s->saturated_fraction);
+            if (s->underflowed_fraction > 1)
+                return prism_error_set(err, PRISM_ERR_INVALID, "%sunderflowed: %g is above 1", where,
+                                       s->underflowed_fraction);
+            s->has_saturation = true;
+        }
     }
     if ((st = prism_trace_check_unique_ids(r->blocks, n, err)))
         return st;

@@ -1,6 +1,8 @@
 /* The replay trace format of `prismctl replay` (one JSON object per line):
  *   {"step": S, "rank": R, "loss": L, "blocks": [{"id", "l2", "max_abs", "mean", "variance",
- *    "numel", "nonfinite"}]}             rank, loss, mean, variance, nonfinite optional
+ *    "numel", "nonfinite", "saturated", "underflowed"}]}
+ *                                         rank, loss, mean, variance, nonfinite optional; saturated
+ *                                         and underflowed (fractions in [0, 1], issue 17) both or neither
  *   {"calibration": {"format": "int8", "errors": {"<id>": e}}}
  *   {"layout": {"blocks": [{"id": I, "param_bytes_bf16": B}]}}   BF16 sizes, as a Hello carries
  * Blank lines are skipped. */

@@ -201,6 +201,14 @@ prism_status prism_trace_bin_step(prism_buf *out, const prism_merged_step *m, bo
         bs[i].variance = s->variance;
         bs[i].numel = s->numel;
         bs[i].nonfinite = s->nonfinite;
+        if (s->has_saturation) {
+            bs[i].optional_saturated_fraction_case =
+                PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION_SATURATED_FRACTION;
+            bs[i].saturated_fraction = s->saturated_fraction;
+            bs[i].optional_underflowed_fraction_case =
+                PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION_UNDERFLOWED_FRACTION;
+            bs[i].underflowed_fraction = s->underflowed_fraction;
+        }
         ptrs[i] = &bs[i];
     }
     Prism__V1__StepReport report = PRISM__V1__STEP_REPORT__INIT;
@@ -378,8 +386,17 @@ static prism_status take_record(const Prism__V1__TraceRecord *m, prism_trace_rec
         for (size_t i = 0; i < r->n_blocks; i++) {
             const Prism__V1__BlockGradStats *b = r->blocks[i];
             prism_block_stats *o = &rec->blocks[i];
+            bool sat = b->optional_saturated_fraction_case ==
+                       PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION_SATURATED_FRACTION;
+            bool und = b->optional_underflowed_fraction_case ==
+                       PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION_UNDERFLOWED_FRACTION;
+            if (sat != und)
+                return prism_error_set(err, PRISM_ERR_INVALID,
+                                       "step.merged.blocks[%zu]: saturated_fraction and underflowed_fraction come "
+                                       "together", i);
             *o = (prism_block_stats){b->block_id, b->l2_norm, b->max_abs, b->mean, b->variance, b->numel,
-                                     b->nonfinite, false, 0, 0};
+                                     b->nonfinite, sat, sat ? b->saturated_fraction : 0.0,
+                                     sat ? b->underflowed_fraction : 0.0};
             prism_error berr = {0};
             /* exactly what the live policy accepts (a merged NaN l2 is a non-finite block) */
             if (prism_block_stats_check(o, &berr))

@@ -1381,19 +1381,29 @@ static void on_step_report(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
         send_error(s, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    for (size_t i = 0; i < r->n_blocks; i++) {
-        const Prism__V1__BlockGradStats *b = r->blocks[i];
-        blocks[i] = (prism_block_stats){b->block_id, b->l2_norm, b->max_abs, b->mean, b->variance, b->numel,
-                                        b->nonfinite, false, 0, 0};
-    }
-    bool has_loss = r->optional_loss_case == PRISM__V1__STEP_REPORT__OPTIONAL_LOSS_LOSS;
     prism_merge_outcome outcome;
     prism_error err;
+    prism_status st = PRISM_OK;
+    for (size_t i = 0; i < r->n_blocks; i++) {
+        const Prism__V1__BlockGradStats *b = r->blocks[i];
+        /* The saturation figures (issue 17) come together or not at all; the merger checks them. */
+        bool sat = b->optional_saturated_fraction_case ==
+                   PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION_SATURATED_FRACTION;
+        bool und = b->optional_underflowed_fraction_case ==
+                   PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION_UNDERFLOWED_FRACTION;
+        if (sat != und && st == PRISM_OK)
+            st = prism_error_set(&err, PRISM_ERR_INVALID,
+                                 "block %u: saturated_fraction and underflowed_fraction come together", b->block_id);
+        blocks[i] = (prism_block_stats){b->block_id, b->l2_norm, b->max_abs, b->mean, b->variance, b->numel,
+                                        b->nonfinite, sat && und, sat ? b->saturated_fraction : 0.0,
+                                        und ? b->underflowed_fraction : 0.0};
+    }
+    /* A NaN or infinite loss is accepted and left out of the step's loss (merge.h). */
+    bool has_loss = r->optional_loss_case == PRISM__V1__STEP_REPORT__OPTIONAL_LOSS_LOSS;
     /* The ids the job does not have yet, each once: with the job's blocks from layouts and
      * reports together, they must stay within --max-blocks (one count for both). */
     prism_idmap fresh;
     prism_idmap_init(&fresh);
-    prism_status st = PRISM_OK;
     for (size_t i = 0; st == PRISM_OK && i < r->n_blocks; i++) {
         uint32_t id = blocks[i].block_id;
         if (!job_has_block(job, id) && prism_idmap_get(&fresh, id) == PRISM_IDMAP_NONE &&

@@ -485,6 +485,117 @@ static void test_sweep_of_a_binary_trace_uses_its_header_config(void)
     prism_proc_result_free(&r4);
 }
 
+/* write_trace's steps with a loss of 1 except 5 at step 3, and an int4 calibration error of 0.01
+ * for block 1 before step 1 (issue 17's keys need a spike and a second format). */
+static const char *write_spike_trace(void)
+{
+    static char text[1 << 15];
+    strcpy(text, "{\"layout\": {\"blocks\": [{\"id\": 0, \"param_bytes_bf16\": 1000}, {\"id\": 1, \"param_bytes_bf16\": "
+                 "1000}, {\"id\": 2, \"param_bytes_bf16\": 2000}, {\"id\": 3, \"param_bytes_bf16\": 4000}]}}\n"
+                 "{\"calibration\": {\"format\": \"int4\", \"errors\": {\"1\": 0.01}}}\n");
+    for (unsigned s = 1; s <= 12; s++) {
+        if (s == 3)
+            strcat(text, "{\"calibration\": {\"format\": \"int8\", \"errors\": {\"3\": 0.01}}}\n");
+        for (unsigned r = 0; r < 2; r++) {
+            double l2[4] = {4, 0.25, s <= 6 ? 0.25 : 6, 1};
+            sprintf(text + strlen(text), "{\"step\": %u, \"rank\": %u, \"loss\": %g, \"blocks\": [", s, r,
+                    s == 3 ? 5.0 : 1.0);
+            for (unsigned b = 0; b < 4; b++)
+                sprintf(text + strlen(text), "%s{\"id\": %u, \"l2\": %g, \"max_abs\": 1, \"numel\": 100}", b ? ", " : "",
+                        b, l2[b] * (r ? 1.5 : 0.5));
+            strcat(text, "]}\n");
+        }
+    }
+    return prism_write_file(prism_scratch_dir(), "spike.jsonl", text);
+}
+
+/* --sweep takes issue 17's keys (through the one config table), a list value included. Each
+ * line equals a separate replay of its config, and the figures are worked out by hand (the
+ * steps of test_sweep_table_has_exact_values, with loss_spike_window 2):
+ *   factor 0: as that test: 4 switches (blocks 1, 2 low at 2; block 2 bf16, block 3 low at 8),
+ *     6 decisions (2, 4, ..., 12), block 2 switched twice.
+ *   factor 1.5: W = [1, 1] after step 2; step 3's 5 > 1.5 * 1 is a spike: blocks 1 and 2 (low by
+ *     score at 2, 3 - 2 <= 2) go back to bf16 at 3, a decision of its own, held for 100 steps;
+ *     block 3 goes low at 8: 5 switches, 7 decisions, blocks 1 and 2 switched twice.
+ *   low_precision auto (low_formats [int4, fp8_e4m3, int8]): block 1's candidate is int4 (0.01 <=
+ *     0.05), the others' int8 (block 3's int8 error 0.01; blocks 0, 2 uncalibrated: the last);
+ *     the same switches. At the end (factor 0) blocks 1 and 3 are low: int8 (1000 + 4000) * 0.5 /
+ *     8000 = 31.25 -> 31.3; auto (1000 * 0.75 + 4000 * 0.5) / 8000 = 34.375 -> 34.4. With the spike
+ *     block 1 is bf16 at the end: 4000 * 0.5 / 8000 = 25.0 either way.
+ *   low_formats ["int8"] under auto: like int8 (31.3); ["int4","int8"]: like the default (34.4). */
+static void test_sweep_takes_the_numerics_keys(void)
+{
+    const char *trace = write_spike_trace();
+    char trace_path[512], cfg_arg[600];
+    snprintf(trace_path, sizeof trace_path, "%s", trace);
+    const char *base = "{\"warmup_steps\": 2, \"update_interval_steps\": 2, \"history_window\": 2, "
+                       "\"min_steps_between_switches\": 0, \"loss_spike_window\": 2}";
+    snprintf(cfg_arg, sizeof cfg_arg, "--config=%s", prism_write_file(prism_scratch_dir(), "spike.json", base));
+    static const struct {
+        const char *key1, *key2;       /* --sweep arguments */
+        const char *values[4];         /* each combination's keys as a JSON object's members */
+        double saving_end[4];
+        long long switches[4], decisions[4], twice[4];
+    } sweeps[] = {
+        {"loss_spike_factor=0,1.5", "low_precision=int8,auto",
+         {"\"loss_spike_factor\": 0, \"low_precision\": \"int8\"", "\"loss_spike_factor\": 0, \"low_precision\": \"auto\"",
+          "\"loss_spike_factor\": 1.5, \"low_precision\": \"int8\"", "\"loss_spike_factor\": 1.5, \"low_precision\": \"auto\""},
+         {31.3, 34.4, 25.0, 25.0}, {4, 4, 5, 5}, {6, 6, 7, 7}, {1, 1, 2, 2}},
+        {"low_precision=auto", "low_formats=[\"int8\"],[\"int4\",\"int8\"]",
+         {"\"low_precision\": \"auto\", \"low_formats\": [\"int8\"]",
+          "\"low_precision\": \"auto\", \"low_formats\": [\"int4\", \"int8\"]", NULL, NULL},
+         {31.3, 34.4}, {4, 4}, {6, 6}, {1, 1}},
+    };
+    for (size_t k = 0; k < sizeof sweeps / sizeof sweeps[0]; k++) {
+        const char *args[] = {"--timestamp", TS, cfg_arg, "--sweep", sweeps[k].key1, "--sweep", sweeps[k].key2,
+                              "--format", "json", trace_path, NULL};
+        prism_proc_result r = run_prismctl(args);
+        if (r.exit_code != 0)
+            fprintf(stderr, "sweep %zu: %s\n", k, r.err);
+        CU_ASSERT_EQUAL_FATAL(r.exit_code, 0);
+        const char *line = r.out;
+        for (int i = 0; i < 4 && sweeps[k].values[i]; i++) {
+            char cfg[512];
+            snprintf(cfg, sizeof cfg,
+                     "{\"warmup_steps\": 2, \"update_interval_steps\": 2, \"history_window\": 2, "
+                     "\"min_steps_between_switches\": 0, \"loss_spike_window\": 2, %s}",
+                     sweeps[k].values[i]);
+            char one_arg[600];
+            snprintf(one_arg, sizeof one_arg, "--config=%s", prism_write_file(prism_scratch_dir(), "one.json", cfg));
+            const char *one_args[] = {"--timestamp", TS, one_arg, trace_path, NULL};
+            prism_proc_result one = run_prismctl(one_args);
+            CU_ASSERT_EQUAL_FATAL(one.exit_code, 0);
+            figures want = figures_of_records(one.out, 12);
+            prism_proc_result_free(&one);
+            CU_ASSERT_FATAL(line != NULL && *line);
+            const char *nl = strchr(line, '\n');
+            CU_ASSERT_FATAL(nl != NULL);
+            json_error_t jerr;
+            json_t *got = json_loadb(line, (size_t)(nl - line), 0, &jerr);
+            CU_ASSERT_FATAL(got != NULL);
+            double saving_end = json_number_value(json_object_get(got, "saving_end_pct"));
+            long long switches = json_integer_value(json_object_get(got, "switches"));
+            long long decisions = json_integer_value(json_object_get(got, "decisions"));
+            long long twice = json_integer_value(json_object_get(got, "blocks_switched_more_than_once"));
+            if (saving_end != sweeps[k].saving_end[i] || switches != sweeps[k].switches[i] ||
+                decisions != sweeps[k].decisions[i] || twice != sweeps[k].twice[i])
+                fprintf(stderr, "sweep %zu line %d: %.*s\n", k, i, (int)(nl - line), line);
+            CU_ASSERT_EQUAL(saving_end, want.saving_end);
+            CU_ASSERT_EQUAL(switches, want.switches);
+            CU_ASSERT_EQUAL(decisions, want.decisions);
+            CU_ASSERT_EQUAL(twice, want.twice);
+            CU_ASSERT_EQUAL(saving_end, sweeps[k].saving_end[i]);
+            CU_ASSERT_EQUAL(switches, sweeps[k].switches[i]);
+            CU_ASSERT_EQUAL(decisions, sweeps[k].decisions[i]);
+            CU_ASSERT_EQUAL(twice, sweeps[k].twice[i]);
+            json_decref(got);
+            line = nl + 1;
+        }
+        CU_ASSERT_EQUAL(*line, '\0');
+        prism_proc_result_free(&r);
+    }
+}
+
 static const prism_test_case cases[] = {
     {"test_sweep_lines_equal_separate_replays", test_sweep_lines_equal_separate_replays},
     {"test_sweep_table_has_exact_values", test_sweep_table_has_exact_values},
@@ -494,6 +605,7 @@ static const prism_test_case cases[] = {
     {"test_sweep_checks_whole_combinations", test_sweep_checks_whole_combinations},
     {"test_record_round_trip", test_record_round_trip},
     {"test_sweep_of_a_binary_trace_uses_its_header_config", test_sweep_of_a_binary_trace_uses_its_header_config},
+    {"test_sweep_takes_the_numerics_keys", test_sweep_takes_the_numerics_keys},
     {NULL, NULL},
 };
 

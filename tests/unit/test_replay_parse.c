@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include "replay.h"
+#include "trace_bin.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -172,11 +173,78 @@ static void test_fast_path_reads_numbers_as_jansson_does(void)
     CU_ASSERT(taken > total * 8 / 10);
 }
 
+/* Issue 17's per-block "saturated" and "underflowed": read by the strict parser only (the fast
+ * path leaves such lines to it), both or neither, each in [0, 1]; and carried by the binary
+ * trace both ways. */
+static void test_saturation_figures_in_jsonl_and_binary_traces(void)
+{
+    const char *line = "{\"step\": 5, \"blocks\": [{\"id\": 1, \"l2\": 1, \"max_abs\": 1, \"numel\": 8, "
+                       "\"saturated\": 0.25, \"underflowed\": 0.125}, {\"id\": 2, \"l2\": 1, \"max_abs\": 1, "
+                       "\"numel\": 8}]}";
+    CU_ASSERT_FALSE(compare(line));
+    prism_trace_record rec;
+    prism_trace_record_init(&rec);
+    prism_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(prism_trace_parse_line(line, strlen(line), &rec, &err), PRISM_OK);
+    CU_ASSERT_EQUAL_FATAL(rec.count, 2);
+    CU_ASSERT_TRUE(rec.blocks[0].has_saturation);
+    CU_ASSERT_EQUAL(rec.blocks[0].saturated_fraction, 0.25);
+    CU_ASSERT_EQUAL(rec.blocks[0].underflowed_fraction, 0.125);
+    CU_ASSERT_FALSE(rec.blocks[1].has_saturation);
+    static const struct {
+        const char *block;
+        const char *want;
+    } bad[] = {
+        {"\"saturated\": 0.5", "blocks[0].underflowed: missing"},
+        {"\"underflowed\": 0.5", "blocks[0].saturated: missing"},
+        {"\"saturated\": 1.5, \"underflowed\": 0", "blocks[0].saturated: 1.5 is above 1"},
+        {"\"saturated\": 0, \"underflowed\": 2", "blocks[0].underflowed: 2 is above 1"},
+        {"\"saturated\": -0.5, \"underflowed\": 0", "blocks[0].saturated: -0.5 is negative"},
+        {"\"saturated\": \"x\", \"underflowed\": 0", "blocks[0].saturated: expected a number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"step\": 1, \"blocks\": [{\"id\": 0, \"l2\": 1, \"max_abs\": 1, \"numel\": 1, %s}]}",
+                 bad[i].block);
+        CU_ASSERT_FALSE(compare(text));
+        prism_status st = prism_trace_parse_line(text, strlen(text), &rec, &err);
+        if (st != PRISM_ERR_INVALID || !strstr(err.message, bad[i].want))
+            fprintf(stderr, "case %zu: %s\n", i, err.message);
+        CU_ASSERT_EQUAL(st, PRISM_ERR_INVALID);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.message, bad[i].want));
+    }
+    /* The binary trace: written by prismd's writer, read back the same. */
+    prism_block_stats blocks[2] = {{1, 1, 1, 0, 0, 8, 0, true, 0.25, 0.125}, {2, 1, 1, 0, 0, 8, 0, false, 0, 0}};
+    prism_merged_step m = {5, 2, true, 1.5, blocks, 2};
+    prism_buf buf = {0};
+    CU_ASSERT_EQUAL_FATAL(prism_trace_bin_step(&buf, &m, false, &err), PRISM_OK);
+    prism_trace_bin_reader rd;
+    prism_trace_bin_reader_init(&rd, buf.data, buf.len);
+    CU_ASSERT_EQUAL_FATAL(prism_trace_bin_next(&rd, &rec, &err), PRISM_OK);
+    CU_ASSERT_EQUAL(rec.kind, PRISM_TRACE_STEP);
+    CU_ASSERT_EQUAL_FATAL(rec.count, 2);
+    CU_ASSERT_TRUE(rec.blocks[0].has_saturation);
+    CU_ASSERT_EQUAL(rec.blocks[0].saturated_fraction, 0.25);
+    CU_ASSERT_EQUAL(rec.blocks[0].underflowed_fraction, 0.125);
+    CU_ASSERT_FALSE(rec.blocks[1].has_saturation);
+    CU_ASSERT_EQUAL(rec.blocks[1].saturated_fraction, 0.0);
+    /* A figure out of range in a binary trace is refused as the live policy refuses it. */
+    buf.len = 0;
+    blocks[0].saturated_fraction = 2.0;
+    CU_ASSERT_EQUAL_FATAL(prism_trace_bin_step(&buf, &m, false, &err), PRISM_OK);
+    prism_trace_bin_reader_init(&rd, buf.data, buf.len);
+    CU_ASSERT_EQUAL(prism_trace_bin_next(&rd, &rec, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 1: saturated_fraction 2 is not in [0, 1]"));
+    prism_buf_free(&buf);
+    prism_trace_record_free(&rec);
+}
+
 static const prism_test_case cases[] = {
     {"test_fast_path_takes_the_usual_lines", test_fast_path_takes_the_usual_lines},
     {"test_fast_path_leaves_errors_and_rare_forms_to_the_strict_parser",
      test_fast_path_leaves_errors_and_rare_forms_to_the_strict_parser},
     {"test_fast_path_reads_numbers_as_jansson_does", test_fast_path_reads_numbers_as_jansson_does},
+    {"test_saturation_figures_in_jsonl_and_binary_traces", test_saturation_figures_in_jsonl_and_binary_traces},
     {NULL, NULL},
 };
 
