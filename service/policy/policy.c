@@ -872,6 +872,16 @@ void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out
     out->has_last_step = p->has_last_step;
     out->last_step = p->last_step;
     out->map_version = p->map_version;
+    out->counters = p->counters;
+    out->loss_len = (uint32_t)p->loss_len;
+    out->losses = NULL;
+}
+
+size_t prism_policy_loss_window(const prism_policy *p, double *out)
+{
+    for (size_t i = 0; i < p->loss_len; i++)
+        out[i] = p->losses[(p->loss_head + i) % p->loss_cap];
+    return p->loss_len;
 }
 
 void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_record *out)
@@ -880,10 +890,18 @@ void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_
     out->view = b->view;
     out->assigned = b->assigned;
     memcpy(out->calibration, b->calibration, sizeof out->calibration);
-    const double *w = p->windows + (size_t)p->order[index] * p->stride;
+    size_t base = (size_t)p->order[index] * p->stride;
     out->window_len = b->win_len;
-    for (uint32_t i = 0; i < b->win_len; i++)
-        out->window[i] = w[(b->win_head + i) % p->stride];
+    bool sat = out->window_has_saturation && out->window_saturated && out->window_underflowed;
+    for (uint32_t i = 0; i < b->win_len; i++) {
+        size_t at = base + (b->win_head + i) % p->stride;
+        out->window[i] = p->windows[at];
+        if (sat) {
+            out->window_has_saturation[i] = p->sat_has[at];
+            out->window_saturated[i] = p->sat_val[at];
+            out->window_underflowed[i] = p->und_val[at];
+        }
+    }
 }
 
 prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *progress,
@@ -891,10 +909,23 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
 {
     if (p->collected || p->nblocks)
         return prism_error_set(err, PRISM_ERR_STATE, "a policy can only be restored before its first step");
+    if (progress->loss_len > PRISM_LOSS_WINDOW_MAX || (progress->loss_len && !progress->losses))
+        return prism_error_set(err, PRISM_ERR_INVALID, "the saved loss window is damaged");
+    for (uint32_t i = 0; i < progress->loss_len; i++)
+        if (!isfinite(progress->losses[i]))
+            return prism_error_set(err, PRISM_ERR_INVALID, "the saved loss window is damaged");
     prism_status st;
     for (size_t i = 0; i < count; i++) {
         const prism_block_record *r = &blocks[i];
-        if ((unsigned)r->view.precision >= PRISM_PRECISION_COUNT || r->window_len > PRISM_WINDOW_MAX)
+        bool sat = r->window_has_saturation && r->window_saturated && r->window_underflowed;
+        bool damaged = (unsigned)r->view.precision >= PRISM_PRECISION_COUNT || r->window_len > PRISM_WINDOW_MAX ||
+                       (unsigned)r->view.reason > PRISM_REASON_MAX;
+        for (uint32_t k = 0; sat && !damaged && k < r->window_len; k++)
+            damaged = r->window_has_saturation[k] > 1 ||
+                      (r->window_has_saturation[k] &&
+                       !(r->window_saturated[k] >= 0 && r->window_saturated[k] <= 1 &&
+                         r->window_underflowed[k] >= 0 && r->window_underflowed[k] <= 1));
+        if (damaged)
             return prism_error_set(err, PRISM_ERR_INVALID, "block %u: saved state is damaged", r->view.id);
         uint32_t slot;
         if ((st = slot_of(p, r->view.id, &slot, err)))
@@ -903,14 +934,23 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
         if (b->reported)
             return prism_error_set(err, PRISM_ERR_INVALID, "block %u is saved twice", r->view.id);
         b->view = r->view; /* the scores of the last decision too, as they were served */
+        /* A record saved without a candidate (an older store) shows the config's one format
+         * until the next decision computes it. */
+        if (b->view.candidate == PRISM_PRECISION_BF16 || (unsigned)b->view.candidate >= PRISM_PRECISION_COUNT)
+            b->view.candidate = prism_config_low_format(&p->cfg);
         b->reported = true;
         b->assigned = r->assigned;
         memcpy(b->calibration, r->calibration, sizeof b->calibration);
         uint32_t keep = r->window_len < p->stride ? r->window_len : (uint32_t)p->stride;
         b->win_len = 0;
         b->win_head = 0;
-        for (uint32_t k = r->window_len - keep; k < r->window_len; k++)
-            window_push(p, slot, r->window[k], NULL);
+        for (uint32_t k = r->window_len - keep; k < r->window_len; k++) {
+            prism_block_stats figures = {0};
+            figures.has_saturation = sat && r->window_has_saturation[k];
+            figures.saturated_fraction = figures.has_saturation ? r->window_saturated[k] : 0.0;
+            figures.underflowed_fraction = figures.has_saturation ? r->window_underflowed[k] : 0.0;
+            window_push(p, slot, r->window[k], &figures);
+        }
     }
     p->order_dirty = true;
     if ((st = refresh_order(p, err)))
@@ -919,5 +959,10 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
     p->has_last_step = progress->has_last_step;
     p->last_step = progress->last_step;
     p->map_version = progress->map_version;
+    p->counters = progress->counters;
+    p->loss_len = p->loss_head = 0;
+    uint32_t keep = progress->loss_len < p->loss_cap ? progress->loss_len : (uint32_t)p->loss_cap;
+    for (uint32_t k = progress->loss_len - keep; k < progress->loss_len; k++)
+        loss_push(p, progress->losses[k]);
     return PRISM_OK;
 }

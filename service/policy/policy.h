@@ -184,14 +184,22 @@ void prism_policy_input(const prism_policy *p, size_t index, uint32_t *block_id,
                         double calibration[PRISM_PRECISION_COUNT]);
 
 /* ---- saving and restoring a job (prismd's store) ----
- * What a policy must keep across a restart: its progress, and per block the view, whether the
- * score has placed it yet, its calibration errors and its window (oldest value first). */
+ * What a policy must keep across a restart: its progress (with W, the losses of the spike rule,
+ * and its counters), and per block the view (the candidate format and the spike's hold
+ * included), whether the score has placed it yet, its calibration errors and its window (oldest
+ * value first) with each entry's saturation figures. */
 
 typedef struct prism_policy_progress {
     uint64_t steps_collected;
     bool has_last_step;
     uint64_t last_step;
     uint64_t map_version;
+    /* Issue 17. */
+    prism_policy_counters counters;
+    uint32_t loss_len;     /* values in W, at most PRISM_LOSS_WINDOW_MAX */
+    const double *losses;  /* restore: loss_len values, oldest first (NULL when loss_len is 0);
+                              prism_policy_progress_get leaves it NULL: prism_policy_loss_window
+                              copies them */
 } prism_policy_progress;
 
 #define PRISM_WINDOW_MAX 1000 /* history_window's upper bound (config.c) */
@@ -202,9 +210,18 @@ typedef struct prism_block_record {
     double calibration[PRISM_PRECISION_COUNT]; /* NaN: not known */
     uint32_t window_len;
     double *window; /* prism_policy_block_record fills the caller's PRISM_WINDOW_MAX doubles here */
+    /* Issue 17, parallel to window: each entry's saturation figures. All three NULL: not wanted
+     * (block_record) or none known (restore: the entries carry none); else PRISM_WINDOW_MAX
+     * entries of room each. */
+    uint8_t *window_has_saturation;
+    double *window_saturated;
+    double *window_underflowed;
 } prism_block_record;
 
 void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out);
+
+/* Copies W (oldest first) into out, room for PRISM_LOSS_WINDOW_MAX doubles; returns the count. */
+size_t prism_policy_loss_window(const prism_policy *p, double *out);
 
 /* The record of the block at index (ascending id order, as prism_policy_block); out->window
  * must point to room for PRISM_WINDOW_MAX doubles. */
@@ -212,7 +229,8 @@ void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_
 
 /* Puts a saved state into a policy that has seen no step yet. Each block's view (its scores of
  * the last decision included) is shown as saved until the next decision recomputes it. Windows
- * longer than the config's history_window keep their newest values. */
+ * longer than the config's history_window, and a W longer than loss_spike_window, keep their
+ * newest values. Losses must be finite and saturation figures in [0, 1]. */
 prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *progress,
                                   const prism_block_record *blocks, size_t count, prism_error *err);
 

@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include "policy.h"
+#include "telemetry.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -756,6 +757,146 @@ static void test_new_reasons_have_their_wire_values_and_names(void)
     CU_ASSERT_STRING_EQUAL(prism_reason_name(PRISM_REASON_SATURATION), "saturation");
 }
 
+/* ---- saving and restoring the new state ---- */
+
+/* Steps of a small job that exercise every new rule: 4 blocks, norms moving with the step, a
+ * loss with spikes at steps 4, 7, 11 and 14 (7: right after the restore, against the restored W), saturation figures on blocks 0 and 2 (block 0's high
+ * from step 12). */
+static void round_trip_step(uint64_t step, prism_block_stats *b, double *loss)
+{
+    static const double base[4] = {0.125, 0.25, 1.5, 2.125};
+    for (uint32_t i = 0; i < 4; i++) {
+        b[i] = stats(i, base[i] * (1.0 + 0.125 * (double)((step + i) % 3)));
+        if (i == 0 || (i == 2 && step % 2 == 0)) {
+            b[i].has_saturation = true;
+            b[i].saturated_fraction = i == 0 && step >= 12 ? 0.5 : 0.0625 * (double)(step % 3);
+            b[i].underflowed_fraction = 0.03125 * (double)(i + 1);
+        }
+    }
+    b[3].l2_norm = step == 9 ? 0.0625 : b[3].l2_norm; /* block 3 dips low at 9 */
+    *loss = step == 4 || step == 7 || step == 11 || step == 14 ? 10.0 : 1.0 + 0.0625 * (double)(step % 4);
+}
+
+static void assert_same_view(const prism_block_view *a, const prism_block_view *b)
+{
+    CU_ASSERT_EQUAL(a->id, b->id);
+    CU_ASSERT_EQUAL(a->precision, b->precision);
+    CU_ASSERT_EQUAL(a->reason, b->reason);
+    CU_ASSERT_EQUAL(a->has_switch, b->has_switch);
+    CU_ASSERT_EQUAL(a->last_switch_step, b->last_switch_step);
+    CU_ASSERT_EQUAL(a->forced, b->forced);
+    CU_ASSERT_EQUAL(a->has_score, b->has_score);
+    CU_ASSERT_EQUAL(a->sensitivity, b->sensitivity);
+    CU_ASSERT_EQUAL(a->has_error_score, b->has_error_score);
+    CU_ASSERT_EQUAL(a->error_score, b->error_score);
+    CU_ASSERT_EQUAL(a->candidate, b->candidate);
+    CU_ASSERT_EQUAL(a->held, b->held);
+    CU_ASSERT_EQUAL(a->hold_until, b->hold_until);
+    CU_ASSERT_EQUAL(a->has_saturation, b->has_saturation);
+    CU_ASSERT_EQUAL(a->saturated_fraction, b->saturated_fraction);
+    CU_ASSERT_EQUAL(a->underflowed_fraction, b->underflowed_fraction);
+    CU_ASSERT_EQUAL(a->param_bytes_bf16, b->param_bytes_bf16);
+}
+
+static void test_save_and_restore_keep_w_holds_counters_and_saturation_figures(void)
+{
+    const char *config = "{\"low_precision\": \"auto\", \"low_formats\": [\"int4\", \"fp8_e4m3\", \"int8\"],"
+                         " \"quant_error_threshold\": 0.0625, \"update_interval_steps\": 2, \"history_window\": 3,"
+                         " \"loss_spike_factor\": 2, \"loss_spike_window\": 3, \"loss_spike_hold_steps\": 4,"
+                         " \"saturation_threshold\": 0.25, \"min_steps_between_switches\": 1}";
+    prism_policy *a = make_policy(EXACT, config);
+    set_calibration(a, PRISM_PRECISION_INT4, 0, 0.015625);
+    set_calibration(a, PRISM_PRECISION_FP8_E4M3, 1, 0.03125);
+    prism_error err;
+    CU_ASSERT_EQUAL(prism_policy_set_block_bytes(a, 2, 4096, &err), PRISM_OK);
+    prism_step_result ra, rb;
+    prism_block_stats b[4];
+    double loss;
+    for (uint64_t s = 1; s <= 6; s++) {
+        round_trip_step(s, b, &loss);
+        feed_blocks(a, s, loss, b, 4, &ra);
+    }
+    CU_ASSERT_EQUAL(counters(a).loss_spikes, 1); /* step 4 */
+    /* Save. */
+    prism_policy_progress progress;
+    prism_policy_progress_get(a, &progress);
+    static double losses[PRISM_LOSS_WINDOW_MAX];
+    CU_ASSERT_EQUAL(prism_policy_loss_window(a, losses), progress.loss_len);
+    CU_ASSERT_EQUAL(progress.loss_len, 3);
+    progress.losses = losses;
+    size_t n = prism_policy_block_count(a);
+    CU_ASSERT_EQUAL_FATAL(n, 4);
+    prism_block_record recs[4];
+    static double windows[4][PRISM_WINDOW_MAX], sat[4][PRISM_WINDOW_MAX], und[4][PRISM_WINDOW_MAX];
+    static uint8_t has[4][PRISM_WINDOW_MAX];
+    for (size_t i = 0; i < n; i++) {
+        recs[i] = (prism_block_record){.window = windows[i], .window_has_saturation = has[i],
+                                       .window_saturated = sat[i], .window_underflowed = und[i]};
+        prism_policy_block_record(a, i, &recs[i]);
+    }
+    /* Restore into a fresh policy of the same config. */
+    prism_policy *c = make_policy(EXACT, config);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_restore(c, &progress, recs, n, &err), PRISM_OK);
+    prism_policy_counters ca = counters(a), cc = counters(c);
+    CU_ASSERT_EQUAL(ca.loss_spikes, cc.loss_spikes);
+    CU_ASSERT_EQUAL(ca.loss_spike_decisions, cc.loss_spike_decisions);
+    CU_ASSERT_EQUAL(ca.blocks_rolled_back, cc.blocks_rolled_back);
+    /* The same further steps: the same results, views and records. */
+    size_t by_reason[PRISM_REASON_MAX + 1] = {0};
+    for (uint64_t s = 7; s <= 24; s++) {
+        round_trip_step(s, b, &loss);
+        feed_blocks(a, s, loss, b, 4, &ra);
+        feed_blocks(c, s, loss, b, 4, &rb);
+        CU_ASSERT_EQUAL(ra.decided, rb.decided);
+        CU_ASSERT_EQUAL(ra.scheduled, rb.scheduled);
+        CU_ASSERT_EQUAL(ra.loss_spike, rb.loss_spike);
+        CU_ASSERT_EQUAL(ra.rolled_back, rb.rolled_back);
+        CU_ASSERT_EQUAL(ra.map_version, rb.map_version);
+        CU_ASSERT_EQUAL(ra.effective_step, rb.effective_step);
+        CU_ASSERT_EQUAL_FATAL(ra.change_count, rb.change_count);
+        for (size_t k = 0; k < ra.change_count; k++) {
+            CU_ASSERT_EQUAL(ra.changes[k].block_id, rb.changes[k].block_id);
+            CU_ASSERT_EQUAL(ra.changes[k].from, rb.changes[k].from);
+            CU_ASSERT_EQUAL(ra.changes[k].to, rb.changes[k].to);
+            CU_ASSERT_EQUAL(ra.changes[k].step, rb.changes[k].step);
+            CU_ASSERT_EQUAL(ra.changes[k].reason, rb.changes[k].reason);
+            by_reason[ra.changes[k].reason]++;
+        }
+        for (uint32_t id = 0; id < 4; id++)
+            assert_same_view(block(a, id), block(c, id));
+        if (ra.decided) {
+            prism_buf ta = {0}, tc = {0};
+            CU_ASSERT_EQUAL_FATAL(prism_telemetry_append(&ta, a, &ra.summary, 1.0, &loss), PRISM_OK);
+            CU_ASSERT_EQUAL_FATAL(prism_telemetry_append(&tc, c, &rb.summary, 1.0, &loss), PRISM_OK);
+            CU_ASSERT_STRING_EQUAL(ta.data, tc.data);
+            prism_buf_free(&ta);
+            prism_buf_free(&tc);
+        }
+    }
+    ca = counters(a);
+    cc = counters(c);
+    CU_ASSERT_EQUAL(ca.loss_spikes, cc.loss_spikes);
+    CU_ASSERT_EQUAL(ca.loss_spike_decisions, cc.loss_spike_decisions);
+    CU_ASSERT_EQUAL(ca.blocks_rolled_back, cc.blocks_rolled_back);
+    CU_ASSERT_EQUAL(ca.loss_spikes, 4); /* 4, 7, 11, 14 */
+    /* The steps after the restore exercised the new rules. */
+    if (!by_reason[PRISM_REASON_LOSS_SPIKE] || !by_reason[PRISM_REASON_SATURATION])
+        fprintf(stderr, "after restore: loss_spike %zu saturation %zu format %zu score %zu\n",
+                by_reason[PRISM_REASON_LOSS_SPIKE], by_reason[PRISM_REASON_SATURATION], by_reason[PRISM_REASON_FORMAT],
+                by_reason[PRISM_REASON_SCORE]);
+    CU_ASSERT_TRUE(by_reason[PRISM_REASON_LOSS_SPIKE] > 0);
+    CU_ASSERT_TRUE(by_reason[PRISM_REASON_SATURATION] > 0);
+    prism_policy_destroy(a);
+    prism_policy_destroy(c);
+    /* A damaged loss window is refused before anything changes. */
+    prism_policy *d = make_policy(EXACT, config);
+    double bad[2] = {1.0, NAN};
+    prism_policy_progress broken = {.loss_len = 2, .losses = bad};
+    CU_ASSERT_EQUAL(prism_policy_restore(d, &broken, NULL, 0, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_EQUAL(prism_policy_steps_collected(d), 0);
+    prism_policy_destroy(d);
+}
+
 static const prism_test_case cases[] = {
     {"test_spike_detection_uses_the_median_of_the_full_window", test_spike_detection_uses_the_median_of_the_full_window},
     {"test_w_is_kept_with_factor_zero_and_a_new_factor_waits_for_the_decision",
@@ -781,6 +922,8 @@ static const prism_test_case cases[] = {
      test_saturation_rule_leaves_forced_blocks_and_bf16_blocks_alone},
     {"test_saturation_figures_are_checked", test_saturation_figures_are_checked},
     {"test_new_reasons_have_their_wire_values_and_names", test_new_reasons_have_their_wire_values_and_names},
+    {"test_save_and_restore_keep_w_holds_counters_and_saturation_figures",
+     test_save_and_restore_keep_w_holds_counters_and_saturation_figures},
     {NULL, NULL},
 };
 
