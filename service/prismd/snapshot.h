@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define PRISMD_REASONS 6 /* prism_reason values */
+#define PRISMD_REASONS (PRISM_REASON_MAX + 1) /* prism_reason values */
 #define PRISMD_DECISION_BUCKETS 8
 
 extern const double prismd_decision_buckets[PRISMD_DECISION_BUCKETS]; /* seconds, upper bounds */
