@@ -51,7 +51,7 @@ struct prismd_job {
     prism_merger *merger;
     uint64_t decided_step;  /* of the current map */
     uint64_t effective_step;
-    bool calibrated;
+    bool calibrated[PRISM_PRECISION_COUNT]; /* by format: the fingerprint has errors for it (cache or report) */
     uint8_t fingerprint[64]; /* the model's, from the layout of a Hello */
     size_t fingerprint_len;
     agent *agents;
@@ -777,7 +777,10 @@ static void cal_free(cal_list *l)
     free(l->formats);
 }
 
-static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p)
+/* Fills p from c; p points into c and into formats (room for PRISM_LOW_FORMATS_MAX), which must
+ * outlive it. */
+static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p,
+                               Prism__V1__Precision formats[PRISM_LOW_FORMATS_MAX])
 {
     prism__v1__policy_config__init(p);
     p->enabled = c->enabled;
@@ -812,12 +815,97 @@ static void fill_policy_config(const prism_config *c, Prism__V1__PolicyConfig *p
     p->apply_lag_steps = (uint32_t)c->apply_lag_steps;
     p->step_timeout_ms = (uint32_t)c->step_timeout_ms;
     p->world_size = (uint32_t)c->world_size;
+    /* The numerics keys (issue 17); low_formats points into c, as the block lists do. */
+    p->low_precision_auto = c->low_precision == PRISM_LOW_AUTO;
+    p->n_low_formats = c->low_formats.count;
+    for (size_t i = 0; i < c->low_formats.count && i < PRISM_LOW_FORMATS_MAX; i++)
+        formats[i] = wire_precision(c->low_formats.formats[i]);
+    p->low_formats = formats;
+    p->scale_mode = c->scale_mode == PRISM_SCALE_POW2      ? PRISM__V1__SCALE_MODE__SCALE_POW2
+                    : c->scale_mode == PRISM_SCALE_DELAYED ? PRISM__V1__SCALE_MODE__SCALE_DELAYED
+                    : c->scale_mode == PRISM_SCALE_STATIC  ? PRISM__V1__SCALE_MODE__SCALE_STATIC
+                                                           : PRISM__V1__SCALE_MODE__SCALE_CURRENT;
+    p->amax_history_len = (uint32_t)c->amax_history_len;
+    p->scale_margin = (int32_t)c->scale_margin;
+}
+
+/* The formats the job still wants calibrated under config c (issue 17 item 2): none without
+ * run_calibration; under low_precision "auto" every format of low_formats (in its order) that the
+ * job's fingerprint has no errors for; otherwise low_precision alone when it has none. Writes at
+ * most PRISM_LOW_FORMATS_MAX into out and returns how many. */
+static size_t calibration_wanted(const prismd_job *job, const prism_config *c,
+                                 Prism__V1__Precision out[PRISM_LOW_FORMATS_MAX])
+{
+    if (!c->run_calibration)
+        return 0;
+    size_t n = 0;
+    if (c->low_precision != PRISM_LOW_AUTO) {
+        if ((unsigned)c->low_precision < PRISM_PRECISION_COUNT && !job->calibrated[c->low_precision])
+            out[n++] = wire_precision(c->low_precision);
+        return n;
+    }
+    for (size_t i = 0; i < c->low_formats.count && i < PRISM_LOW_FORMATS_MAX; i++) {
+        prism_precision f = c->low_formats.formats[i];
+        if ((unsigned)f < PRISM_PRECISION_COUNT && !job->calibrated[f])
+            out[n++] = wire_precision(f);
+    }
+    return n;
+}
+
+/* Whether two configs differ in what agents and trainers use of a PolicyConfig (the hint table's
+ * status and numerics: run_calibration, calibration_samples, low_precision with "auto",
+ * low_formats, scale_mode, amax_history_len, scale_margin). A new config that changes none of
+ * them is not pushed: the agents would write the same table. */
+static bool agent_config_differs(const prism_config *a, const prism_config *b)
+{
+    if (a->run_calibration != b->run_calibration || a->calibration_samples != b->calibration_samples ||
+        a->low_precision != b->low_precision || a->scale_mode != b->scale_mode ||
+        a->amax_history_len != b->amax_history_len || a->scale_margin != b->scale_margin ||
+        a->low_formats.count != b->low_formats.count)
+        return true;
+    for (size_t i = 0; i < a->low_formats.count && i < PRISM_LOW_FORMATS_MAX; i++)
+        if (a->low_formats.formats[i] != b->low_formats.formats[i])
+            return true;
+    return false;
+}
+
+/* Sends the config now in force, with the calibration it wants, to every agent of the job
+ * (ServiceMessage.config): called when a decision applied a new config that changes what agents
+ * use (agent_config_differs), so that every rank's hint table takes it at once (the map of the
+ * same decision follows it). */
+static void broadcast_config(prismd_job *job)
+{
+    const prism_config *c = prism_policy_config(job->policy);
+    Prism__V1__Precision formats[PRISM_LOW_FORMATS_MAX], wanted[PRISM_LOW_FORMATS_MAX];
+    Prism__V1__PolicyConfig cfg;
+    fill_policy_config(c, &cfg, formats);
+    Prism__V1__ConfigUpdate cu = PRISM__V1__CONFIG_UPDATE__INIT;
+    cu.config = &cfg;
+    cu.n_calibration_formats = calibration_wanted(job, c, wanted);
+    cu.calibration_formats = wanted;
+    cu.calibration_needed = cu.n_calibration_formats > 0;
+    Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
+    m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_CONFIG;
+    m.config = &cu;
+    size_t len;
+    uint8_t *buf = pack_service(&m, &len);
+    prismd_message *msg = buf ? prismd_message_create(buf, len) : NULL;
+    free(buf);
+    if (!msg) {
+        prism_log(PRISM_LOG_ERROR, "out of memory packing a config update; agents get it at their next Welcome",
+                  "job", job->id, LOG_END);
+        return;
+    }
+    for (size_t i = 0; i < job->nagents; i++)
+        prismd_stream_send_message(job->agents[i].stream, msg);
+    prismd_message_release(msg);
 }
 
 static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, uint32_t rank, const cal_list *cached)
 {
     Prism__V1__PolicyConfig cfg;
-    fill_policy_config(prism_policy_config(job->policy), &cfg);
+    Prism__V1__Precision formats[PRISM_LOW_FORMATS_MAX], wanted[PRISM_LOW_FORMATS_MAX];
+    fill_policy_config(prism_policy_config(job->policy), &cfg, formats);
     Prism__V1__PrecisionUpdate u;
     map_storage st;
     if (!map_build(job, &u, &st)) {
@@ -838,7 +926,9 @@ static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, uint
     Prism__V1__Welcome w = PRISM__V1__WELCOME__INIT;
     w.config = &cfg;
     w.map = &u;
-    w.calibration_needed = cfg.run_calibration && !job->calibrated;
+    w.n_calibration_formats = calibration_wanted(job, prism_policy_config(job->policy), wanted);
+    w.calibration_formats = wanted;
+    w.calibration_needed = w.n_calibration_formats > 0;
     /* The cached errors, one CalibrationErrors per format. */
     Prism__V1__CalibrationErrors groups[PRISM_PRECISION_COUNT];
     Prism__V1__CalibrationErrors *group_ptrs[PRISM_PRECISION_COUNT];
@@ -1074,7 +1164,9 @@ static bool on_hello(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, const 
         prism_error err;
         if (j->store && prismd_store_load_calibration(j->store, job->fingerprint, job->fingerprint_len, cal_collect,
                                                       &cached, &err) > 0)
-            job->calibrated = true;
+            for (size_t i = 0; i < cached.n; i++)
+                if ((unsigned)cached.formats[i] < PRISM_PRECISION_COUNT)
+                    job->calibrated[cached.formats[i]] = true; /* the cache has rows per format */
         trace_cached_calibration(j, job, cached.errors, cached.formats, cached.n);
     }
     if (!grow((void **)&job->agents, &job->cap_agents, job->nagents + 1, sizeof *job->agents) ||
@@ -1284,9 +1376,14 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         prism_step_result r;
         prism_error err;
         struct timespec t0, t1;
+        /* A config set by PATCH waits in the policy (next_config) until a decision applies it. */
+        bool pending = prism_policy_next_config(job->policy) != prism_policy_config(job->policy) &&
+                       agent_config_differs(prism_policy_next_config(job->policy), prism_policy_config(job->policy));
         clock_gettime(CLOCK_MONOTONIC, &t0);
         prism_status added = prism_policy_add_step(job->policy, m.step, m.has_loss ? &m.loss : NULL, m.blocks, m.count, &r, &err);
         clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (added == PRISM_OK && pending && prism_policy_next_config(job->policy) == prism_policy_config(job->policy))
+            broadcast_config(job); /* before the decision's map: a rank sees the config first */
         j->dirty = true;
         if (added == PRISM_OK && r.decided) {
             double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -1579,7 +1676,8 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     }
     trace_calibration(j, job, (prism_precision)c->format, ids, errors, c->n_errors);
     j->counters.calibrations_accepted++;
-    job->calibrated = true;
+    /* Any format is kept (the policy keeps errors per format), wanted or not. */
+    job->calibrated[(prism_precision)c->format] = true;
     /* Cached under the job's own fingerprint (the report's, when it names one, is the same). */
     if (j->store && job->fingerprint_len && c->n_errors &&
         prismd_store_save_calibration(j->store, job->fingerprint, job->fingerprint_len, job->id,

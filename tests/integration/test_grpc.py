@@ -599,6 +599,8 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(json.loads(self.prismd.http(path)[1])["low_precision"], "int8")
         a.step(3, (3.0, 1.0))
         a.step(4, (3.0, 1.0))
+        # The decision that applies it pushes the new config first (issue 17), then its map.
+        self.assertEqual(a.next().config.config.low_precision, pb.FP8_E4M3)
         u = a.next().update
         self.assertEqual((u.map_version, u.decided_step), (2, 4))
         self.assertEqual(precisions(u.blocks), [(0, pb.BF16), (1, pb.FP8_E4M3)])
