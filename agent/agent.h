@@ -75,7 +75,7 @@ typedef struct agent_stats {
     _Atomic uint64_t backoff_ms;              /* gauge: the wait before the next attempt */
     _Atomic uint64_t messages_sent[6];        /* by AgentMessage kind (1..5) */
     _Atomic uint64_t bytes_sent;
-    _Atomic uint64_t messages_received[5];    /* by ServiceMessage kind (1..4) */
+    _Atomic uint64_t messages_received[6];    /* by ServiceMessage kind (1..5) */
     _Atomic uint64_t reports_received;        /* StepReports from the trainer */
     _Atomic uint64_t reports_dropped[AGENT_DROPS];
     _Atomic uint64_t map_version;             /* gauge: newest map in the hint table */

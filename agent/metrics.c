@@ -186,9 +186,9 @@ static char *render(agent *a, size_t *len)
     for (int k = 1; k <= 5; k++)
         fprintf(f, "prism_agent_messages_sent_total{kind=\"%s\"} %" PRIu64 "\n", sent[k], get(&s->messages_sent[k]));
     one(f, "prism_agent_sent_bytes_total", "counter", "bytes of messages sent to prismd", get(&s->bytes_sent));
-    static const char *const received[] = {"", "welcome", "update", "hints", "error"};
+    static const char *const received[] = {"", "welcome", "update", "hints", "error", "config"};
     metric(f, "prism_agent_messages_received_total", "counter", "messages from prismd, by kind");
-    for (int k = 1; k <= 4; k++)
+    for (int k = 1; k <= 5; k++)
         fprintf(f, "prism_agent_messages_received_total{kind=\"%s\"} %" PRIu64 "\n", received[k],
                 get(&s->messages_received[k]));
     one(f, "prism_agent_reports_received_total", "counter", "step reports from the trainer", get(&s->reports_received));

@@ -521,6 +521,39 @@ static void apply_runtime(upstream *u, const Prism__V1__RuntimeHints *h)
     prism_hints_set_runtime(&u->a->hints, &r);
 }
 
+/* Takes a PolicyConfig's status and numerics fields (a Welcome's or a ConfigUpdate's, issue 17)
+ * into the hint table: calibration_needed and the formats prismd wants calibrated come with it.
+ * Formats that are not a low prism_precision are left out (a newer prismd's). */
+static void take_config(upstream *u, const Prism__V1__PolicyConfig *c, bool calibration_needed,
+                        const Prism__V1__Precision *wanted, size_t n_wanted)
+{
+    agent *a = u->a;
+    u->cal_needed = calibration_needed;
+    u->run_calibration = c && c->run_calibration;
+    u->cal_samples = c ? c->calibration_samples : 0;
+    u->low = c && (unsigned)c->low_precision < PRISM_PRECISION_COUNT ? (prism_precision)c->low_precision
+                                                                     : PRISM_PRECISION_INT8;
+    prism_hints_numerics n;
+    memset(&n, 0, sizeof n);
+    if (c) {
+        n.scale_mode = (unsigned)c->scale_mode <= PRISM__V1__SCALE_MODE__SCALE_STATIC ? (uint32_t)c->scale_mode : 0;
+        n.amax_history_len = c->amax_history_len;
+        n.scale_margin = c->scale_margin;
+        n.low_auto = c->low_precision_auto ? 1u : 0u;
+        for (size_t i = 0; i < c->n_low_formats && n.n_low_formats < PRISM_HINTS_FORMATS_MAX; i++)
+            if (c->low_formats[i] > PRISM__V1__PRECISION__BF16 && (unsigned)c->low_formats[i] < PRISM_PRECISION_COUNT)
+                n.low_formats[n.n_low_formats++] = (uint8_t)c->low_formats[i];
+    }
+    for (size_t i = 0; calibration_needed && i < n_wanted && n.n_calibration_formats < PRISM_HINTS_FORMATS_MAX; i++)
+        if (wanted[i] > PRISM__V1__PRECISION__BF16 && (unsigned)wanted[i] < PRISM_PRECISION_COUNT)
+            n.calibration_formats[n.n_calibration_formats++] = (uint8_t)wanted[i];
+    if (calibration_needed && n_wanted == 0)
+        n.calibration_formats[n.n_calibration_formats++] = (uint8_t)u->low; /* an older prismd: its one format */
+    /* The numerics first: a reader that sees upstream_connected sees this Welcome's numerics. */
+    prism_hints_set_numerics(&a->hints, &n);
+    prism_hints_set_status(&a->hints, true, u->cal_needed, u->run_calibration, u->cal_samples, u->low);
+}
+
 static void on_welcome(upstream *u, stream *s, const Prism__V1__Welcome *w)
 {
     agent *a = u->a;
@@ -529,13 +562,7 @@ static void on_welcome(upstream *u, stream *s, const Prism__V1__Welcome *w)
     atomic_store_explicit(&a->stats.backoff_ms, 0, memory_order_relaxed);
     atomic_fetch_add_explicit(&a->stats.upstream_welcomes, 1, memory_order_relaxed);
     atomic_store_explicit(&a->stats.upstream_connected, 1, memory_order_relaxed);
-    const Prism__V1__PolicyConfig *c = w->config;
-    u->cal_needed = w->calibration_needed;
-    u->run_calibration = c && c->run_calibration;
-    u->cal_samples = c ? c->calibration_samples : 0;
-    u->low = c && (unsigned)c->low_precision < PRISM_PRECISION_COUNT ? (prism_precision)c->low_precision
-                                                                     : PRISM_PRECISION_INT8;
-    prism_hints_set_status(&a->hints, true, u->cal_needed, u->run_calibration, u->cal_samples, u->low);
+    take_config(u, w->config, w->calibration_needed, w->calibration_formats, w->n_calibration_formats);
     if (w->map)
         apply_update(u, w->map, true);
     if (w->hints)
@@ -555,7 +582,7 @@ static void on_message(upstream *u, stream *s, const uint8_t *data, size_t len)
         upstream_cancel(u, "unparsable message from prismd");
         return;
     }
-    if (m->kind_case >= 1 && m->kind_case <= 4)
+    if (m->kind_case >= 1 && m->kind_case <= 5)
         atomic_fetch_add_explicit(&a->stats.messages_received[m->kind_case], 1, memory_order_relaxed);
     switch (m->kind_case) {
     case PRISM__V1__SERVICE_MESSAGE__KIND_WELCOME: on_welcome(u, s, m->welcome); break;
@@ -564,6 +591,12 @@ static void on_message(upstream *u, stream *s, const uint8_t *data, size_t len)
             upstream_cancel(u, "a map version was missed; reconnecting for the whole map");
         break;
     case PRISM__V1__SERVICE_MESSAGE__KIND_HINTS: apply_runtime(u, m->hints); break;
+    case PRISM__V1__SERVICE_MESSAGE__KIND_CONFIG:
+        /* A config a decision applied (issue 17): into the table now, like a Welcome's. */
+        if (s->welcomed && m->config->config)
+            take_config(u, m->config->config, m->config->calibration_needed, m->config->calibration_formats,
+                        m->config->n_calibration_formats);
+        break;
     case PRISM__V1__SERVICE_MESSAGE__KIND_ERROR: {
         char code[16];
         snprintf(code, sizeof code, "%u", m->error->code);

@@ -194,9 +194,11 @@ static prism_status check_layout(const prism_model_layout *l, prism_error *err)
     if (!text_ok(l->model_id))
         return prism_error_set(err, PRISM_ERR_INVALID, "model_id: %s",
                                !l->model_id ? "NULL" : !l->model_id[0] ? "empty" : "not valid UTF-8");
-    if (l->quant.format <= PRISM_PRECISION_BF16 || l->quant.format >= PRISM_PRECISION_COUNT)
+    if ((l->quant.format <= PRISM_PRECISION_BF16 || l->quant.format >= PRISM_PRECISION_COUNT) &&
+        l->quant.format != PRISM_QUANT_FORMAT_AUTO)
         return prism_error_set(err, PRISM_ERR_INVALID,
-                               "quant.format: %d is not a low precision (int8, fp8_e4m3, fp8_e5m2, int4)",
+                               "quant.format: %d is not a low precision (int8, fp8_e4m3, fp8_e5m2, int4) nor "
+                               "PRISM_QUANT_FORMAT_AUTO (255)",
                                (int)l->quant.format);
     if (l->quant.granularity != PRISM_GRANULARITY_TENSOR && l->quant.granularity != PRISM_GRANULARITY_ROW &&
         l->quant.granularity != PRISM_GRANULARITY_BLOCK)
@@ -987,10 +989,21 @@ prism_hints_drop prism_client_send_drop_reason(prism_status s)
 
 /* The common path of every report_step variant: arguments checked, ready_to_send said yes. */
 static prism_status send_step(prism_client *c, uint64_t step, const double *loss, const uint32_t *ids,
-                              const prism_grad_stats *stats, size_t n, prism_error *err)
+                              const prism_grad_stats *stats, const prism_block_fractions *fractions, size_t n,
+                              prism_error *err)
 {
     for (size_t i = 0; i < n; i++) {
         Prism__V1__BlockGradStats *g = &c->gs[i];
+        /* Both figures or neither (a NaN pair: not measured); checked by check_fractions. */
+        bool frac = fractions && !isnan(fractions[i].saturated);
+        g->optional_saturated_fraction_case =
+            frac ? PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION_SATURATED_FRACTION
+                 : PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION__NOT_SET;
+        g->saturated_fraction = frac ? fractions[i].saturated : 0.0;
+        g->optional_underflowed_fraction_case =
+            frac ? PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION_UNDERFLOWED_FRACTION
+                 : PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION__NOT_SET;
+        g->underflowed_fraction = frac ? fractions[i].underflowed : 0.0;
         g->block_id = ids ? ids[i] : (uint32_t)i;
         g->l2_norm = stats[i].l2_norm;
         g->max_abs = stats[i].max_abs;
@@ -1077,8 +1090,38 @@ prism_status prism_client_stage_tensor_stats(prism_client *c, const prism_block_
     return PRISM_OK;
 }
 
+/* Each entry of fractions (NULL: none) is a pair of finite fractions in [0, 1] or a pair of
+ * NaNs; PRISM_ERR_INVALID naming the entry and its block otherwise. */
+static prism_status check_fractions(prism_client *c, const prism_block_fractions *fractions, const uint32_t *ids,
+                                    size_t n, prism_error *err)
+{
+    for (size_t i = 0; fractions && i < n; i++) {
+        uint32_t id = ids ? ids[i] : (uint32_t)i;
+        const prism_block_fractions *f = &fractions[i];
+        if (isnan(f->saturated) != isnan(f->underflowed))
+            return refuse(c, err, PRISM_ERR_INVALID,
+                          "fractions[%zu] (block %u): saturated %g and underflowed %g: both NaN (not measured) or "
+                          "neither", i, id, f->saturated, f->underflowed);
+        if (isnan(f->saturated))
+            continue;
+        const char *name = !(f->saturated >= 0 && f->saturated <= 1) ? "saturated" : "underflowed";
+        double v = name[0] == 's' ? f->saturated : f->underflowed;
+        if (!(v >= 0 && v <= 1) || !(f->underflowed >= 0 && f->underflowed <= 1))
+            return refuse(c, err, PRISM_ERR_INVALID, "fractions[%zu].%s (block %u): %g is not a fraction in [0, 1]",
+                          i, name, id, v);
+    }
+    return PRISM_OK;
+}
+
 prism_status prism_client_report_step(prism_client *c, uint64_t step, const double *loss, const uint32_t *block_ids,
                                       const prism_grad_stats *stats, size_t n, prism_error *err)
+{
+    return prism_client_report_step_ex(c, step, loss, block_ids, stats, NULL, n, err);
+}
+
+prism_status prism_client_report_step_ex(prism_client *c, uint64_t step, const double *loss,
+                                         const uint32_t *block_ids, const prism_grad_stats *stats,
+                                         const prism_block_fractions *fractions, size_t n, prism_error *err)
 {
     prism_status s = check_report_state(c, err);
     if (s != PRISM_OK)
@@ -1088,6 +1131,9 @@ prism_status prism_client_report_step(prism_client *c, uint64_t step, const doub
     s = check_block_ids(c, block_ids, n, "n", err);
     if (s != PRISM_OK)
         return s;
+    s = check_fractions(c, fractions, block_ids, n, err);
+    if (s != PRISM_OK)
+        return s;
     prism_hints_drop why;
     s = ready_to_send(c, &why, err);
     if (s != PRISM_OK) {
@@ -1095,7 +1141,7 @@ prism_status prism_client_report_step(prism_client *c, uint64_t step, const doub
         prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
         return s;
     }
-    s = send_step(c, step, loss, block_ids, stats, n, err);
+    s = send_step(c, step, loss, block_ids, stats, fractions, n, err);
     if (s != PRISM_OK)
         prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
     return s;
@@ -1105,12 +1151,23 @@ prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const 
                                           const prism_tensor *tensors, const size_t *block_start,
                                           const uint32_t *block_ids, size_t blocks, prism_error *err)
 {
+    return prism_client_report_step_cpu_ex(c, step, loss, tensors, block_start, block_ids, NULL, blocks, err);
+}
+
+prism_status prism_client_report_step_cpu_ex(prism_client *c, uint64_t step, const double *loss,
+                                             const prism_tensor *tensors, const size_t *block_start,
+                                             const uint32_t *block_ids, const prism_block_fractions *fractions,
+                                             size_t blocks, prism_error *err)
+{
     prism_status s = check_report_state(c, err);
     if (s != PRISM_OK)
         return s;
     if (!block_start)
         return refuse(c, err, PRISM_ERR_INVALID, "block_start: NULL");
     s = check_block_ids(c, block_ids, blocks, "blocks", err);
+    if (s != PRISM_OK)
+        return s;
+    s = check_fractions(c, fractions, block_ids, blocks, err);
     if (s != PRISM_OK)
         return s;
     /* Not worth the kernels' time when the report would be dropped. */
@@ -1127,7 +1184,7 @@ prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const 
         drop_report(c, PRISM_HINTS_DROP_STATS_FAILED);
         return s;
     }
-    s = send_step(c, step, loss, block_ids, c->cpu_stats, blocks, err);
+    s = send_step(c, step, loss, block_ids, c->cpu_stats, fractions, blocks, err);
     if (s != PRISM_OK)
         prism_error_prefix(err, "step %llu dropped", (unsigned long long)step);
     return s;
@@ -1267,6 +1324,29 @@ prism_status prism_client_get_state(const prism_client *c, prism_client_state *o
     out->hints.suppress_prefetch_in_backward = v->hints.suppress_prefetch_in_backward != 0;
     out->hints.suppress_prefetch_in_optimizer = v->hints.suppress_prefetch_in_optimizer != 0;
     out->hints.vram_pressure_threshold = v->hints.vram_pressure_threshold;
+    /* The numerics config (issue 17); an agent that predates it leaves published 0: defaults. */
+    const prism_hints_numerics *nu = &v->numerics;
+    out->amax_history_len = 16;
+    out->n_low_formats = 1;
+    out->low_formats[0] = out->low_precision;
+    if (out->calibration_needed) {
+        out->n_calibration_formats = 1;
+        out->calibration_formats[0] = out->low_precision;
+    }
+    if (nu->published) {
+        out->scale_mode = nu->scale_mode;
+        out->amax_history_len = nu->amax_history_len;
+        out->scale_margin = nu->scale_margin;
+        out->low_auto = nu->low_auto != 0;
+        out->n_low_formats = out->n_calibration_formats = 0;
+        for (uint32_t i = 0; i < nu->n_low_formats && i < PRISM_HINTS_FORMATS_MAX; i++)
+            if (nu->low_formats[i] > PRISM_PRECISION_BF16 && nu->low_formats[i] < PRISM_PRECISION_COUNT)
+                out->low_formats[out->n_low_formats++] = (prism_precision)nu->low_formats[i];
+        for (uint32_t i = 0; out->calibration_needed && i < nu->n_calibration_formats && i < PRISM_HINTS_FORMATS_MAX;
+             i++)
+            if (nu->calibration_formats[i] > PRISM_PRECISION_BF16 && nu->calibration_formats[i] < PRISM_PRECISION_COUNT)
+                out->calibration_formats[out->n_calibration_formats++] = (prism_precision)nu->calibration_formats[i];
+    }
     return PRISM_OK;
 }
 

@@ -304,6 +304,22 @@ void prism_hints_set_status(prism_hints *t, bool upstream_connected, bool calibr
     prism_seq_write_end(&h->seq);
 }
 
+void prism_hints_set_numerics(prism_hints *t, const prism_hints_numerics *numerics)
+{
+    if (!t || !t->h || !numerics)
+        return;
+    prism_hints_numerics n = *numerics;
+    n.published = 1;
+    if (n.n_low_formats > PRISM_HINTS_FORMATS_MAX)
+        n.n_low_formats = PRISM_HINTS_FORMATS_MAX;
+    if (n.n_calibration_formats > PRISM_HINTS_FORMATS_MAX)
+        n.n_calibration_formats = PRISM_HINTS_FORMATS_MAX;
+    n.reserved = 0;
+    prism_seq_write_begin(&t->h->seq);
+    t->h->numerics = n;
+    prism_seq_write_end(&t->h->seq);
+}
+
 void prism_hints_set_runtime(prism_hints *t, const prism_runtime_hints *hints)
 {
     if (!t || !t->h || !hints)
@@ -359,6 +375,7 @@ bool prism_hints_read(const prism_hints *t, uint64_t step, prism_hints_view *vie
         v.calibration_samples = h->calibration_samples;
         v.low_precision = (prism_precision)h->low_precision;
         v.hints = h->hints;
+        v.numerics = h->numerics;
         if (!prism_seq_read_end(&h->seq, start))
             continue;
         if (copied < cap)

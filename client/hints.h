@@ -45,7 +45,14 @@
  * of another kind, version or size is never reset in place (a trainer that has it mapped would
  * fault on a shrunk file): the agent writes a new one beside it and renames it over the path, so
  * the old inode lives on under the trainer's mapping until the trainer remaps
- * (prism_hints_replaced). */
+ * (prism_hints_replaced).
+ *
+ * The job's numerics config (issue 17: scale mode, amax history, scale margin, low_precision
+ * "auto" with its low_formats, and the formats prismd still wants calibrated) came later still,
+ * agent-written under `seq` in bytes an older file has as zeros (`numerics`, offset 896):
+ * numerics.published is 0 until an agent of this build writes them, and a reader then takes the
+ * defaults (prism_hints_numerics). So the layout version stays 1: an older trainer reads the
+ * table of a newer agent as before, and a newer trainer the table of an older agent. */
 #ifndef PRISM_CLIENT_HINTS_H
 #define PRISM_CLIENT_HINTS_H
 
@@ -127,6 +134,24 @@ typedef struct prism_hints_trainer_ext {
     uint64_t allreduce_ns[PRISM_PRECISION_COUNT];        /* host wall time in the calls */
 } prism_hints_trainer_ext;
 
+/* The job's numerics config as the agent last heard it (Welcome or ConfigUpdate). published 0:
+ * no agent of this build wrote it, the rest is zero; a reader then uses scale mode current, an
+ * amax history of 16, margin 0, no "auto", low_formats [low_precision] and, when
+ * calibration_needed, calibration_formats [low_precision]. Formats are prism_precision values. */
+#define PRISM_HINTS_FORMATS_MAX 4
+typedef struct prism_hints_numerics {
+    uint32_t published;              /* 1: written by an agent that knows these fields */
+    uint32_t scale_mode;             /* prism.v1.ScaleMode: 0 current, 1 pow2, 2 delayed, 3 static */
+    uint32_t amax_history_len;       /* steps of amax history (delayed) */
+    int32_t scale_margin;            /* the delayed scale times 2^scale_margin */
+    uint32_t low_auto;               /* 1: low_precision "auto" (low_precision then holds the last of low_formats) */
+    uint32_t n_low_formats;          /* 0 .. PRISM_HINTS_FORMATS_MAX */
+    uint32_t n_calibration_formats;  /* 0 .. PRISM_HINTS_FORMATS_MAX */
+    uint8_t low_formats[PRISM_HINTS_FORMATS_MAX];         /* most saving first */
+    uint8_t calibration_formats[PRISM_HINTS_FORMATS_MAX]; /* the formats prismd wants calibrated */
+    uint32_t reserved;
+} prism_hints_numerics;
+
 /* When the agent wrote a slot's map (CLOCK_MONOTONIC ns, 0 never) and which map it was. */
 typedef struct prism_hints_slot_written {
     uint64_t map_version;
@@ -167,6 +192,9 @@ typedef struct prism_hints_header {
      * written for. An older agent rewrites slots without touching these, so a stamp whose
      * map_version is not the slot's own is stale: the write time is unknown then. */
     _Alignas(64) prism_hints_slot_written slot_written[PRISM_HINTS_SLOTS];
+    /* Agent-written under seq: the job's numerics config (prism_hints_numerics; zeros from an
+     * older agent). */
+    _Alignas(64) prism_hints_numerics numerics;
 } prism_hints_header;
 
 _Static_assert(sizeof(prism_hints_header) <= PRISM_HINTS_HEADER_BYTES, "hint table header too big");
@@ -182,8 +210,11 @@ _Static_assert(offsetof(prism_hints_header, seq) == 64 && offsetof(prism_hints_h
 /* The extension (counters_published 2) and the slots' write times, as this build lays them out
  * (tests and the agent's tests read them at these offsets). */
 _Static_assert(sizeof(prism_hints_trainer_ext) == 456 && offsetof(prism_hints_header, slot_written) == 832 &&
-                   sizeof(prism_hints_header) == 896,
+                   offsetof(prism_hints_header, numerics) == 896,
                "the extension's layout");
+_Static_assert(sizeof(prism_hints_numerics) == 40 && offsetof(prism_hints_header, numerics) == 896 &&
+                   sizeof(prism_hints_header) == 960,
+               "the numerics block's layout");
 /* Two processes share the seqlocks: they must be plain lock-free words, not a library lock. */
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "hint table seqlocks need lock-free 64-bit atomics");
 
@@ -221,6 +252,9 @@ unsigned prism_hints_held_versions(const prism_hints *t, uint64_t out[PRISM_HINT
 void prism_hints_set_status(prism_hints *t, bool upstream_connected, bool calibration_needed,
                             bool run_calibration, uint32_t calibration_samples, prism_precision low_precision);
 void prism_hints_set_runtime(prism_hints *t, const prism_runtime_hints *hints);
+/* Writes the numerics config (published is written as 1; counts above PRISM_HINTS_FORMATS_MAX
+ * are cut to it). */
+void prism_hints_set_numerics(prism_hints *t, const prism_hints_numerics *numerics);
 
 /* The whole trainer line as one consistent copy. published says what is in it: 0 nothing but
  * the applied version and step (ext and the counters zero), 1 also reports_dropped and
@@ -262,6 +296,7 @@ typedef struct prism_hints_view {
     prism_precision low_precision;
     prism_runtime_hints hints;
     uint64_t written_ns;  /* when the agent wrote the map (CLOCK_MONOTONIC); 0: unknown or no map */
+    prism_hints_numerics numerics; /* as the table has it: published 0 from an older agent */
 } prism_hints_view;
 
 /* The map in effect at step `step`: fills *view and writes out[0 .. cap): the map's precisions

@@ -54,7 +54,15 @@ PRISM_ABI(offsetof(prism_client_state, registered) == 28 && offsetof(prism_clien
 PRISM_ABI(offsetof(prism_client_state, hints_mapped) == 30 && offsetof(prism_client_state, upstream_connected) == 31);
 PRISM_ABI(offsetof(prism_client_state, calibration_needed) == 32 && offsetof(prism_client_state, run_calibration) == 33);
 PRISM_ABI(offsetof(prism_client_state, calibration_samples) == 36 && offsetof(prism_client_state, low_precision) == 40);
-PRISM_ABI(offsetof(prism_client_state, hints) == 48 && sizeof(prism_client_state) == 80);
+PRISM_ABI(offsetof(prism_client_state, hints) == 48 && offsetof(prism_client_state, scale_mode) == 80);
+/* The numerics config (issue 17), appended. */
+PRISM_ABI(offsetof(prism_client_state, amax_history_len) == 84 && offsetof(prism_client_state, scale_margin) == 88);
+PRISM_ABI(offsetof(prism_client_state, low_auto) == 92 && offsetof(prism_client_state, n_low_formats) == 96);
+PRISM_ABI(offsetof(prism_client_state, low_formats) == 100 &&
+          offsetof(prism_client_state, n_calibration_formats) == 116);
+PRISM_ABI(offsetof(prism_client_state, calibration_formats) == 120 && sizeof(prism_client_state) == 136);
+PRISM_ABI(offsetof(prism_block_fractions, saturated) == 0 && offsetof(prism_block_fractions, underflowed) == 8);
+PRISM_ABI(sizeof(prism_block_fractions) == 16);
 PRISM_ABI(sizeof(prism_client_counters) == 152); /* 19 uint64_t counters */
 PRISM_ABI(offsetof(prism_block_tensor_stats, block_id) == 0 && offsetof(prism_block_tensor_stats, x_l2) == 8);
 PRISM_ABI(offsetof(prism_block_tensor_stats, x_max_abs) == 16 && offsetof(prism_block_tensor_stats, x_numel) == 24);

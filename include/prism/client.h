@@ -35,7 +35,10 @@
  * as their UTF-8 bytes without a terminator:
  *   "prism.fingerprint.v1"          20 bytes, no length
  *   u64 len(model_id), model_id
- *   u32 quant.format                prism_precision value (1..4)
+ *   u32 quant.format                prism_precision value (1..4), or 255 (PRISM_QUANT_FORMAT_AUTO)
+ *                                   for a trainer that registers low_precision "auto": such a
+ *                                   layout has a fingerprint of its own, under which prismd caches
+ *                                   the errors of every format of the job's low_formats
  *   u32 quant.granularity           prism_granularity value (0..2)
  *   u64 block size                  BLOCK: quant.block_size, 0 meaning PRISM_QUANT_BLOCK_DEFAULT
  *                                   (128); TENSOR and ROW: 0 (the field is ignored)
@@ -86,9 +89,15 @@ prism_status prism_client_open(const prism_client_options *options, prism_client
 /* Closes the socket, unmaps the hint table and frees everything. NULL is fine. */
 void prism_client_close(prism_client *c);
 
+/* quant.format of a trainer that runs under low_precision "auto" (issue 17): a format per block
+ * chosen by prismd from the job's low_formats. Not a prism_precision: only the fingerprint and
+ * the layout check know it. */
+#define PRISM_QUANT_FORMAT_AUTO ((prism_precision)255)
+
 /* Quantization settings that calibration results depend on (part of the fingerprint). */
 typedef struct prism_quant_config {
-    prism_precision format;        /* the low precision: INT8, FP8_E4M3, FP8_E5M2 or INT4 */
+    prism_precision format;        /* the low precision: INT8, FP8_E4M3, FP8_E5M2 or INT4, or
+                                    * PRISM_QUANT_FORMAT_AUTO */
     prism_granularity granularity; /* TENSOR, ROW or BLOCK */
     uint32_t block_size;           /* BLOCK: K (0: PRISM_QUANT_BLOCK_DEFAULT); otherwise ignored */
 } prism_quant_config;
@@ -147,6 +156,29 @@ prism_status prism_client_report_step(prism_client *c, uint64_t step, const doub
 prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const double *loss,
                                           const prism_tensor *tensors, const size_t *block_start,
                                           const uint32_t *block_ids, size_t blocks, prism_error *err);
+
+/* A block's quantization figures of a step (issue 17): the fractions of its elements that
+ * saturated (|x/s| above the format's largest value) and that underflowed (x != 0 quantized to
+ * 0). Both finite and in [0, 1], or both NaN: not measured for this block (the report then
+ * carries neither). */
+typedef struct prism_block_fractions {
+    double saturated;
+    double underflowed;
+} prism_block_fractions;
+
+/* prism_client_report_step with each block's fractions of the step: fractions NULL (none, as
+ * prism_client_report_step) or n entries, fractions[i] for block_ids[i]. A fraction outside
+ * [0, 1], or one NaN without the other, is PRISM_ERR_INVALID naming the entry and its block. */
+prism_status prism_client_report_step_ex(prism_client *c, uint64_t step, const double *loss,
+                                         const uint32_t *block_ids, const prism_grad_stats *stats,
+                                         const prism_block_fractions *fractions, size_t n, prism_error *err);
+
+/* prism_client_report_step_cpu with each block's fractions (NULL or `blocks` entries, fractions[b]
+ * for block b of the call), checked as prism_client_report_step_ex checks them. */
+prism_status prism_client_report_step_cpu_ex(prism_client *c, uint64_t step, const double *loss,
+                                             const prism_tensor *tensors, const size_t *block_start,
+                                             const uint32_t *block_ids, const prism_block_fractions *fractions,
+                                             size_t blocks, prism_error *err);
 
 /* Sends a CalibrationReport for the registered fingerprint: errors[i] is the relative error of
  * block block_ids[i] (each at most once, finite or +Inf, >= 0) measured in format (not bf16)
@@ -228,6 +260,8 @@ typedef struct prism_client_runtime_hints {
     double vram_pressure_threshold; /* in [0, 1] */
 } prism_client_runtime_hints;
 
+#define PRISM_CLIENT_FORMATS_MAX 4
+
 /* What the client knows, as of the last begin_step (connected: as of the last call). */
 typedef struct prism_client_state {
     uint64_t map_version;          /* in use; 0: none, every block bf16 */
@@ -241,8 +275,20 @@ typedef struct prism_client_state {
     bool calibration_needed;       /* prismd has no calibration for this fingerprint */
     bool run_calibration;          /* the job's config allows running it */
     uint32_t calibration_samples;  /* forward passes to average */
-    prism_precision low_precision; /* the job's low format */
+    prism_precision low_precision; /* the job's low format (under "auto": the last of low_formats) */
     prism_client_runtime_hints hints;
+    /* The job's numerics config (issue 17), from the agent's Welcome and later config updates.
+     * From an agent that predates them: scale_mode 0, amax_history_len 16, scale_margin 0,
+     * low_auto false, low_formats [low_precision], calibration_formats [low_precision] when
+     * calibration_needed. */
+    uint32_t scale_mode;           /* prism.v1.ScaleMode: 0 current, 1 pow2, 2 delayed, 3 static */
+    uint32_t amax_history_len;     /* steps of amax history (delayed) */
+    int32_t scale_margin;          /* the delayed scale times 2^scale_margin */
+    bool low_auto;                 /* low_precision "auto": a format per block from low_formats */
+    uint32_t n_low_formats;
+    prism_precision low_formats[PRISM_CLIENT_FORMATS_MAX];         /* most saving first */
+    uint32_t n_calibration_formats;                                /* 0 unless calibration_needed */
+    prism_precision calibration_formats[PRISM_CLIENT_FORMATS_MAX]; /* the formats prismd wants calibrated */
 } prism_client_state;
 
 /* Fills *out; PRISM_ERR_INVALID for a NULL argument. */

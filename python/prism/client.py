@@ -22,6 +22,7 @@ False then. Bad arguments raise PrismInvalidError (a ValueError).
 """
 
 import ctypes
+import math
 import numbers
 
 from . import _lib
@@ -68,7 +69,24 @@ class ClientState(ctypes.Structure):
                 ("registered", ctypes.c_bool), ("connected", ctypes.c_bool), ("hints_mapped", ctypes.c_bool),
                 ("upstream_connected", ctypes.c_bool), ("calibration_needed", ctypes.c_bool),
                 ("run_calibration", ctypes.c_bool), ("calibration_samples", ctypes.c_uint32),
-                ("low_precision", ctypes.c_int), ("hints", RuntimeHints)]
+                ("low_precision", ctypes.c_int), ("hints", RuntimeHints),
+                # the numerics config (issue 17)
+                ("scale_mode", ctypes.c_uint32), ("amax_history_len", ctypes.c_uint32),
+                ("scale_margin", ctypes.c_int32), ("low_auto", ctypes.c_bool), ("n_low_formats", ctypes.c_uint32),
+                ("low_formats", ctypes.c_int * 4), ("n_calibration_formats", ctypes.c_uint32),
+                ("calibration_formats", ctypes.c_int * 4)]
+
+
+# prism.v1.ScaleMode by value: the names of the config key scale_mode.
+SCALE_MODES = ("current", "pow2", "delayed", "static")
+# quant.format of a layout registered with low_precision "auto" (PRISM_QUANT_FORMAT_AUTO).
+_QUANT_FORMAT_AUTO = 255
+
+
+class BlockFractions(ctypes.Structure):
+    """prism_block_fractions: a block's saturated and underflowed fractions of a step."""
+
+    _fields_ = [("saturated", ctypes.c_double), ("underflowed", ctypes.c_double)]
 
 
 _COUNTER_NAMES = ("reports_sent", "reports_dropped", "calibrations_sent", "calibrations_dropped", "hellos_sent",
@@ -116,6 +134,11 @@ PROTOTYPES = {
                                        _P(_lib.GradStats), ctypes.c_size_t, _errp]),
     "prism_client_report_step_cpu": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(_lib.Tensor),
                                            _P(ctypes.c_size_t), _P(ctypes.c_uint32), ctypes.c_size_t, _errp]),
+    "prism_client_report_step_ex": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(ctypes.c_uint32),
+                                          _P(_lib.GradStats), _P(BlockFractions), ctypes.c_size_t, _errp]),
+    "prism_client_report_step_cpu_ex": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(_lib.Tensor),
+                                              _P(ctypes.c_size_t), _P(ctypes.c_uint32), _P(BlockFractions),
+                                              ctypes.c_size_t, _errp]),
     "prism_client_report_calibration": (_st, [_vp, ctypes.c_int, ctypes.c_uint32, _P(ctypes.c_uint32),
                                               _P(ctypes.c_double), ctypes.c_size_t, _errp]),
     "prism_client_begin_step": (ctypes.c_uint64, [_vp, ctypes.c_uint64]),
@@ -173,6 +196,25 @@ def _plan_fn(dll, name):
     return fn
 
 
+def _fractions(fractions, n):
+    """fractions as report_step takes them (None, or n entries of a (saturated, underflowed) pair or
+    None) as a C array of prism_block_fractions, NaN pairs for None; None for None. The range
+    is the library's to check (it names the block)."""
+    if fractions is None:
+        return None
+    fractions = list(fractions)
+    if len(fractions) != n:
+        raise _lib.PrismInvalidError(_lib.Status.INVALID, f"fractions: {len(fractions)} entries for {n} blocks")
+    arr = (BlockFractions * max(n, 1))()
+    for i, f in enumerate(fractions):
+        if f is None:
+            arr[i] = BlockFractions(math.nan, math.nan)
+        else:
+            sat, und = f
+            arr[i] = BlockFractions(float(sat), float(und))
+    return arr
+
+
 def _precision_value(name, param):
     if name not in PRECISIONS:
         raise _lib.PrismInvalidError(_lib.Status.INVALID, f"{param}: {name!r} is not one of {', '.join(PRECISIONS)}")
@@ -208,7 +250,8 @@ class _Layout:
             self.shapes.append(arr)
             self.array[i] = BlockLayout(encoded, nbytes, arr, len(words), *costs)
         self.model_id = model_id.encode("utf-8")
-        quant = QuantConfig(_precision_value(low_precision, "low_precision"), _GRANULARITIES[granularity],
+        fmt = _QUANT_FORMAT_AUTO if low_precision == "auto" else _precision_value(low_precision, "low_precision")
+        quant = QuantConfig(fmt, _GRANULARITIES[granularity],
                             int(block_size))
         self.layout = ModelLayout(self.model_id, quant, self.array, n)
 
@@ -347,10 +390,12 @@ class Client:
         _lib.raise_for(status, err)
         return True
 
-    def report_stats(self, step, stats, loss=None, block_ids=None):
+    def report_stats(self, step, stats, loss=None, block_ids=None, fractions=None):
         """Sends statistics already computed: stats is a list of dicts (l2_norm, max_abs, mean,
-        variance, numel, nonfinite), block_ids their ids (default 0..n-1). False: dropped."""
+        variance, numel, nonfinite), block_ids their ids (default 0..n-1), fractions as
+        report_step's. False: dropped."""
         n = len(stats)
+        frac = _fractions(fractions, n)
         ids = list(range(n)) if block_ids is None else [int(b) for b in block_ids]
         arr = (_lib.GradStats * max(n, 1))()
         for i, s in enumerate(stats):
@@ -359,24 +404,41 @@ class Client:
         id_arr = (ctypes.c_uint32 * max(n, 1))(*ids)
         loss_p = ctypes.byref(ctypes.c_double(float(loss))) if loss is not None else None
         err = _lib.Error()
-        st = self._dll.prism_client_report_step(self._handle(), int(step), loss_p, id_arr, arr, n, ctypes.byref(err))
+        if frac is None:
+            st = self._dll.prism_client_report_step(self._handle(), int(step), loss_p, id_arr, arr, n,
+                                                    ctypes.byref(err))
+        else:
+            st = self._dll.prism_client_report_step_ex(self._handle(), int(step), loss_p, id_arr, arr, frac, n,
+                                                       ctypes.byref(err))
         return self._sent(st, err)
 
-    def report_step(self, step, blocks, loss=None, block_ids=None):
+    def report_step(self, step, blocks, loss=None, block_ids=None, fractions=None):
         """Computes each block's gradient statistics with Prism's kernels where the gradients are
         and sends them. blocks: a list, one per block, of lists of arrays or tensors, all in host
         memory or all on one CUDA device. Host memory: computed now, then sent; False means
         dropped. CUDA: queued on torch's current stream and sent by a later call of this client
-        once the GPU got there (prism_client_report_step_cuda); False means dropped."""
-        device, tensors, block_start = block_tensors(blocks)
+        once the GPU got there (prism_client_report_step_cuda); False means dropped.
+        fractions (issue 17): None, or one entry per block: a (saturated, underflowed) pair of
+        fractions in [0, 1] of the block's elements that the step's quantization clipped and
+        flushed to zero, or None for a block not measured (the report then carries neither);
+        host memory only for now."""
         n = len(blocks)
+        frac = _fractions(fractions, n)
+        device, tensors, block_start = block_tensors(blocks)
         id_arr = None if block_ids is None else (ctypes.c_uint32 * max(n, 1))(*[int(b) for b in block_ids])
         loss_p = ctypes.byref(ctypes.c_double(float(loss))) if loss is not None else None
         err = _lib.Error()
+        if device is None and frac is not None:
+            st = self._dll.prism_client_report_step_cpu_ex(self._handle(), int(step), loss_p, tensors, block_start,
+                                                           id_arr, frac, n, ctypes.byref(err))
+            return self._sent(st, err)
         if device is None:
             st = self._dll.prism_client_report_step_cpu(self._handle(), int(step), loss_p, tensors, block_start,
                                                         id_arr, n, ctypes.byref(err))
             return self._sent(st, err)
+        if frac is not None:
+            raise _lib.PrismError(_lib.Status.UNAVAILABLE, "report_step: fractions with CUDA gradients are not "
+                                  "supported yet (report them with host gradients or report_stats)")
         fn = getattr(self._dll, "prism_client_report_step_cuda", None)
         if fn is None:
             raise _lib.PrismError(_lib.Status.UNAVAILABLE, f"{_lib.load().path} was built without CUDA")
@@ -468,18 +530,28 @@ class Client:
                 "compute_seconds": p.compute_seconds}
 
     def state(self):
-        """What the client knows as of the last begin_step, as a dict."""
+        """What the client knows as of the last begin_step, as a dict. The numerics config (issue
+        17) under the config keys' names: "scale_mode" ("current", "pow2", "delayed", "static"),
+        "amax_history_len", "scale_margin", "low_precision" ("auto" under auto), "low_formats"
+        (most saving first) and "calibration_formats" (those prismd still wants calibrated; empty
+        unless calibration_needed)."""
         s = ClientState()
         err = _lib.Error()
         _lib.raise_for(self._dll.prism_client_get_state(self._handle(), ctypes.byref(s), ctypes.byref(err)), err)
         h = s.hints
+        names = lambda arr, n: [PRECISIONS[arr[i]] for i in range(min(n, 4)) if 0 < arr[i] < len(PRECISIONS)]  # noqa: E731
+        low = PRECISIONS[s.low_precision] if 0 <= s.low_precision < len(PRECISIONS) else "int8"
         return {
             "map_version": s.map_version, "decided_step": s.decided_step, "effective_step": s.effective_step,
             "map_blocks": s.map_blocks, "registered": s.registered, "connected": s.connected,
             "hints_mapped": s.hints_mapped, "upstream_connected": s.upstream_connected,
             "calibration_needed": s.calibration_needed, "run_calibration": s.run_calibration,
             "calibration_samples": s.calibration_samples,
-            "low_precision": PRECISIONS[s.low_precision] if 0 <= s.low_precision < len(PRECISIONS) else "int8",
+            "low_precision": "auto" if s.low_auto else low,
+            "low_formats": names(s.low_formats, s.n_low_formats),
+            "calibration_formats": names(s.calibration_formats, s.n_calibration_formats),
+            "scale_mode": SCALE_MODES[s.scale_mode] if s.scale_mode < len(SCALE_MODES) else str(s.scale_mode),
+            "amax_history_len": s.amax_history_len, "scale_margin": s.scale_margin,
             "hints": {"map_version": h.map_version, "max_inflight_h2d": h.max_inflight_h2d,
                       "max_inflight_d2h": h.max_inflight_d2h, "prefetch_window": h.prefetch_window,
                       "suppress_prefetch_in_backward": h.suppress_prefetch_in_backward,

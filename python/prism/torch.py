@@ -661,10 +661,17 @@ class Attachment:
     def calibrate(self, forward, samples=None, fmt=None):
         """Runs forward() `samples` times (default: the job's calibration_samples, at least 1),
         keeping each block's inputs, and reports each block's relative output error in fmt
-        (default: the job's low precision) against BF16 weights. Returns {block: error}."""
+        (default: the job's low precision; under "auto" the first format prismd still wants
+        calibrated) against BF16 weights. Returns {block: error}."""
         state = self.client.state()
         samples = samples or state["calibration_samples"] or 1
-        fmt = fmt or state["low_precision"]
+        # Under low_precision "auto" the first format prismd still wants (issue 17), else the last of
+        # low_formats; otherwise the job's low precision.
+        if not fmt:
+            wanted = state.get("calibration_formats") or []
+            fmt = wanted[0] if wanted else state["low_precision"]
+            if fmt == "auto":
+                fmt = state["low_formats"][-1] if state.get("low_formats") else "int8"
         if fmt not in _LOW:
             raise ValueError(f"calibrate: {fmt!r} is not a low precision ({', '.join(_LOW)})")
         captured = [[] for _ in self.blocks]

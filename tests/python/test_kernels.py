@@ -55,12 +55,14 @@ class StructLayout(unittest.TestCase):
                    "prism_client_counters": client.ClientCounters,
                    "prism_block_tensor_stats": client.BlockTensorStats, "prism_client_plan": client.ClientPlan,
                    "prism_transfer_options": transfer.TransferOptions, "prism_transfer_ticket": transfer.Ticket,
-                   "prism_transfer_counters": transfer.TransferCounters}
+                   "prism_transfer_counters": transfer.TransferCounters,
+                   "prism_block_fractions": client.BlockFractions}
         offsets = re.findall(r"offsetof\((prism_\w+), (\w+)\) == (\d+)", text)
         sizes = re.findall(r"sizeof\((prism_\w+)\) == (\d+)", text)
         # every field of the four kernel structs, the client's (its counters by size: 19 u64) and
         # transfer's
-        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 7 + 4 + 7 + 13 + 8 + 8 + 6 + 2 + 9)
+        # (prism_client_state: 13, and 8 for its numerics fields; prism_block_fractions: 2)
+        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 7 + 4 + 7 + 13 + 8 + 8 + 6 + 2 + 9 + 8 + 2)
         self.assertEqual(len(client.ClientCounters._fields_), 19)
         for struct, field, offset in offsets:
             self.assertEqual(getattr(structs[struct], field).offset, int(offset), (struct, field))
