@@ -1054,12 +1054,31 @@ static void avx2_error_chunk(const prism_tensor *a, const prism_tensor *b, size_
     }
 }
 
+/* The counted primitives: the reference's, until this path has its own. */
+static void avx2_quantize_range_counted(const prism_quant_spec *spec, const prism_tensor *x,
+                                        size_t begin, size_t end, float s, uint8_t *codes,
+                                        float *amax, prism_quant_counts *counts)
+{
+    prism_cpu_scalar.quantize_range_counted(spec, x, begin, end, s, codes, amax, counts);
+}
+
+static void avx2_quantize_groups_counted(const prism_quant_spec *spec, size_t group_len,
+                                         const prism_tensor *x, size_t g0, size_t g1,
+                                         const float *given, float *scales, uint8_t *codes,
+                                         float *amax, prism_quant_counts *counts)
+{
+    prism_cpu_scalar.quantize_groups_counted(spec, group_len, x, g0, g1, given, scales, codes, amax,
+                                             counts);
+}
+
 const prism_cpu_path prism_cpu_avx2 = {
     .name = "avx2",
     .stats_chunk = avx2_stats_chunk,
     .amax = avx2_amax,
     .quantize_range = avx2_quantize_range,
     .quantize_groups = avx2_quantize_groups,
+    .quantize_range_counted = avx2_quantize_range_counted,
+    .quantize_groups_counted = avx2_quantize_groups_counted,
     .dequantize_range = avx2_dequantize_range,
     .accumulate_range = avx2_accumulate_range,
     .error_chunk = avx2_error_chunk,
