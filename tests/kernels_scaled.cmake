@@ -10,3 +10,17 @@ if(PRISM_PYTHON_TESTS)
   set_tests_properties(test_python_kernels_scaled PROPERTIES ENVIRONMENT "${PRISM_PY_TEST_ENV}"
     REQUIRED_FILES "$<TARGET_FILE:prism>" TIMEOUT 300)
 endif()
+
+# prism-bench scales' command line and one tiny run whose lines name the format, the mode, the
+# GB/s, the copy ratio, the error against current's and the fractions (not its timings).
+if(PRISM_BENCH)
+  add_test(NAME prism_bench_scales_help COMMAND prism-bench scales --help)
+  set_tests_properties(prism_bench_scales_help PROPERTIES PASS_REGULAR_EXPRESSION "usage: prism-bench scales")
+  add_test(NAME prism_bench_scales_bad_option COMMAND prism-bench scales --steps 1)
+  set_tests_properties(prism_bench_scales_bad_option PROPERTIES
+    PASS_REGULAR_EXPRESSION "--steps: '1' is not an integer from 2 to 1000000")
+  add_test(NAME prism_bench_scales_tiny
+    COMMAND prism-bench scales --size 1 --steps 8 --format fp8_e4m3 --seconds 0.01)
+  set_tests_properties(prism_bench_scales_tiny PROPERTIES PASS_REGULAR_EXPRESSION
+    "cpu +fp8_e4m3 +static +1 MiB +[0-9.]+ us +[0-9.]+ GB/s +copy +[0-9.]+ GB/s +ratio +[0-9.]+ +relerr [0-9.e+-]+ +vs current +[0-9.]+ +saturated [0-9.e+-]+ +underflowed [0-9.e+-]+")
+endif()
