@@ -24,3 +24,24 @@ if(PRISM_BENCH)
   set_tests_properties(prism_bench_scales_tiny PROPERTIES PASS_REGULAR_EXPRESSION
     "cpu +fp8_e4m3 +static +1 MiB +[0-9.]+ us +[0-9.]+ GB/s +copy +[0-9.]+ GB/s +ratio +[0-9.]+ +relerr [0-9.e+-]+ +vs current +[0-9.]+ +saturated [0-9.e+-]+ +underflowed [0-9.e+-]+")
 endif()
+
+# The CUDA kernels of the same (prism_quantize_scaled_cuda, prism_quantize_counted_cuda) against
+# the CPU, bit for bit; on the device emulation as test_kernels_cuda is, and skipped without a GPU.
+if(PRISM_HAVE_CUDA)
+  prism_test(test_kernels_scaled_cuda SOURCES unit/test_kernels_scaled_cuda.c LIBS prism_cuda prism_kernels_cpu)
+  set_tests_properties(test_kernels_scaled_cuda PROPERTIES
+    SKIP_REGULAR_EXPRESSION "SKIPPED: no CUDA device" LABELS cuda)
+  if(PRISM_CUDAEMU)
+    target_compile_definitions(test_kernels_scaled_cuda PRIVATE TEST_BIG_LEN=${PRISM_EMU_BIG_LEN})
+    if(PRISM_TSAN)
+      target_compile_definitions(test_kernels_scaled_cuda PRIVATE TEST_CASE_STRIDE=7)
+    endif()
+    # As sm_75 to sm_86 run the kernels (the software FP8 conversion).
+    prism_test(test_kernels_scaled_cuda_sm80 SOURCES unit/test_kernels_scaled_cuda.c
+      LIBS prism_cuda_sm80 prism_kernels_cpu)
+    target_compile_definitions(test_kernels_scaled_cuda_sm80 PRIVATE TEST_BIG_LEN=${PRISM_EMU_BIG_LEN}
+      TEST_CASE_STRIDE=7)
+    set_property(TEST test_kernels_scaled_cuda_sm80 APPEND PROPERTY ENVIRONMENT "PRISM_CUDAEMU_CC=8.0")
+    set_tests_properties(test_kernels_scaled_cuda_sm80 PROPERTIES LABELS cuda)
+  endif()
+endif()
