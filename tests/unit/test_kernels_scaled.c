@@ -760,8 +760,10 @@ static void compare_paths(const prism_quant_spec *spec, const prism_tensor *x, c
     }
     /* Scales from a quarter to four times the computed ones. */
     static const float factors[] = {0.25f, 0.3f, 1.0f, 0.71f, 4.0f, 0.1f, 1.9f};
-    for (size_t g = 0; g < groups; g++)
-        s_ref[g] = s_ref[g] * factors[g % COUNT(factors)];
+    for (size_t g = 0; g < groups; g++) {
+        float f = s_ref[g] * factors[g % COUNT(factors)];
+        s_ref[g] = f > 0.0f && !isinf(f) ? f : s_ref[g]; /* stay a valid scale */
+    }
     memset(c_ref, 0x5a, bytes);
     if (prism_quantize_scaled_with(ref.path, 1, spec, x, s_ref, c_ref, a_ref, &k_ref, &err) != PRISM_OK)
         note("scaled status", label, ref);
