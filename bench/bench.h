@@ -15,6 +15,9 @@ double bench_median_time(bench_timed_fn fn, void *ctx, double budget);
 /* prism-bench transfer (bench_transfer.c). */
 int bench_transfer_main(int argc, char **argv);
 
+/* prism-bench scales (bench_scales.c): the scale modes of DESIGN 4.7 on the same inputs. */
+int bench_scales_main(int argc, char **argv);
+
 /* prism-bench allreduce (bench_allreduce.c), in builds with the MPI backend of the collectives
  * (PRISM_BENCH_MPI). */
 int bench_allreduce_main(int argc, char **argv);

@@ -44,6 +44,8 @@ static void usage(FILE *to)
             "                                        prism-bench transfer --help)\n"
             "       mpirun ... prism-bench allreduce [options]   (quantized all-reduce against\n"
             "                                        MPI_Allreduce: see prism-bench allreduce --help)\n"
+            "       prism-bench scales [options]     (the scale modes on one drifting tensor: see\n"
+            "                                        prism-bench scales --help)\n"
             "\n"
             "Times every kernel (grad_stats, quantize, dequantize, dequantize_accumulate,\n"
             "relative_error) from --min-mib to --max-mib of input, doubling by 4, and prints\n"
@@ -369,6 +371,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "transfer"))
         return bench_transfer_main(argc, argv);
+    if (!strcmp(argv[1], "scales"))
+        return bench_scales_main(argc, argv);
     if (!strcmp(argv[1], "allreduce")) {
 #ifdef PRISM_BENCH_MPI
         return bench_allreduce_main(argc, argv);
@@ -378,7 +382,7 @@ int main(int argc, char **argv)
 #endif
     }
     if (strcmp(argv[1], "kernels") != 0) {
-        fprintf(stderr, "prism-bench: unknown benchmark '%s' (known: kernels, transfer, allreduce)\n", argv[1]);
+        fprintf(stderr, "prism-bench: unknown benchmark '%s' (known: kernels, transfer, allreduce, scales)\n", argv[1]);
         return 2;
     }
     size_t min_mib = 1, max_mib = 1024;

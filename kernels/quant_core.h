@@ -261,6 +261,77 @@ PRISM_QC float prism_qc_scale(float amax, int format, int pow2)
     return prism_qc_float(1u << (e + 149)); /* subnormal power of two */
 }
 
+/* ---- saturation and the delayed scale (kernels.h: prism_quant_counts, prism_quant_scale_delayed) */
+
+/* The smallest |v|, as a binary32 bit pattern, whose nearest-even rounding on the format's grid
+ * extended past its largest value lands above qmax, so that the clamp to qmax changes the code:
+ *   INT8  127.5 (0x42ff0000): the tie between 127 and 128 goes to even 128
+ *   INT4  7.5 (0x40f00000): the tie between 7 and 8 goes to even 8
+ *   E4M3  the value just above 464 (0x43e80001): 464 = 1.8125 * 2^8 is the tie between
+ *         448 = 1.110b * 2^8 (mantissa 110, even) and 480 = 1.111b * 2^8 (odd), so 464 itself
+ *         goes to 448 and only larger values round to 480
+ *   E5M2  61440 (0x47700000): 61440 = 1.875 * 2^15 is the tie between 57344 = 1.11b * 2^15
+ *         (mantissa 11, odd) and 65536 = 1.00b * 2^16 (even), so it goes to 65536
+ * Bit patterns of non-negative binary32 values order like the values, +Inf above them all. */
+PRISM_QC uint32_t prism_qc_saturating_bits(int format)
+{
+    switch (format) {
+    case PRISM_QC_INT8: return 0x42ff0000u;
+    case PRISM_QC_INT4: return 0x40f00000u;
+    case PRISM_QC_E4M3: return 0x43e80001u;
+    default: return 0x47700000u;
+    }
+}
+
+/* 1 when prism_qc_code_nearest(v, format) clamped v's rounding to qmax (v never NaN). */
+PRISM_QC int prism_qc_saturates_nearest(float v, int format)
+{
+    return (prism_qc_bits(v) & 0x7fffffffu) >= prism_qc_saturating_bits(format);
+}
+
+/* 1 when prism_qc_code_stochastic(v, format, r) clamped the neighbour its random bits chose to
+ * qmax (v never NaN). INT: the integer lo + up of the rounding lies beyond +-qmax. FP8: the same
+ * bit trick as the normal range of the rounding (random bits added below the kept mantissa,
+ * then truncated), on the grid extended past the largest value, gives a pattern above qmax's;
+ * below the largest value it never does, and +-Inf always does. */
+PRISM_QC int prism_qc_saturates_stochastic(float v, int format, uint32_t r)
+{
+    if (format == PRISM_QC_INT8 || format == PRISM_QC_INT4) {
+        float qmax = prism_qc_qmax(format);
+        float lo = prism_qc_floor(v);
+        float frac = v - lo;
+        float q = lo + ((float)(r >> 8) < frac * 16777216.0f ? 1.0f : 0.0f);
+        return q > qmax || q < -qmax;
+    }
+    prism_qc_fp8 f = prism_qc_fp8_shape(format);
+    int drop = 23 - f.mbits;
+    uint32_t mask = (1u << drop) - 1u;
+    uint32_t g = ((prism_qc_bits(v) & 0x7fffffffu) + (r & mask)) & ~mask; /* at most 0x7f9fffff */
+    return g > prism_qc_bits(f.max);
+}
+
+/* The delayed-scaling scale: t = hist_max * 2^margin rounded once to binary32 (ldexpf's result,
+ * computed as an exact double product by a power of two, then one conversion), then t / qmax,
+ * one binary32 division. hist_max not > 0 or not finite (no history), or a format without qmax:
+ * 1. A quotient that overflows (t or t / qmax infinite) gives FLT_MAX; one that underflows to 0
+ * gives 2^-149. Margins beyond +-300 are clamped: from any finite hist_max > 0 they already
+ * overflow or underflow. */
+PRISM_QC float prism_qc_scale_delayed(float hist_max, int margin, int format)
+{
+    float qmax = prism_qc_qmax(format);
+    if (!(hist_max > 0.0f) || prism_qc_nonfinite(hist_max) || !(qmax > 0.0f))
+        return 1.0f;
+    int m = margin > 300 ? 300 : (margin < -300 ? -300 : margin);
+    uint64_t pbits = (uint64_t)(m + 1023) << 52;
+    double p;
+    memcpy(&p, &pbits, sizeof p);
+    float t = (float)((double)hist_max * p);
+    float s = t / qmax;
+    if (prism_qc_nonfinite(s))
+        return prism_qc_float(0x7f7fffffu); /* FLT_MAX */
+    return s > 0.0f ? s : prism_qc_float(1u);
+}
+
 /* The code of v = x / s with nearest-even rounding: an int8 in its byte, an int4 in the low
  * nibble, or an FP8 code. Zero is always code 0. */
 PRISM_QC uint8_t prism_qc_code_nearest(float v, int format)

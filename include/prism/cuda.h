@@ -62,6 +62,23 @@ prism_status prism_quantize_cuda(const prism_quant_spec *spec, const prism_tenso
                                  float *scales, unsigned long long *nonfinite,
                                  prism_cuda_stream stream, prism_error *err);
 
+/* prism_quantize_counted_cpu on the GPU: x->data, codes, scales and *counts device memory (counts
+ * may be NULL; set, not added to). The same codes and scales as prism_quantize_cuda; counting
+ * takes a second pass over the input. */
+prism_status prism_quantize_counted_cuda(const prism_quant_spec *spec, const prism_tensor *x,
+                                         uint8_t *codes, float *scales, prism_quant_counts *counts,
+                                         prism_cuda_stream stream, prism_error *err);
+
+/* prism_quantize_scaled_cpu on the GPU: x->data, scales, codes, amax (may be NULL) and *counts
+ * (may be NULL; set, not added to) device memory; one pass over the input. The same checks and
+ * messages as the CPU's, the given scales included: to check those the call reads them back
+ * (a copy on the stream and a wait for it), so unlike the other kernels it returns only once the
+ * stream's earlier work is done. */
+prism_status prism_quantize_scaled_cuda(const prism_quant_spec *spec, const prism_tensor *x,
+                                        const float *scales, uint8_t *codes, float *amax,
+                                        prism_quant_counts *counts, prism_cuda_stream stream,
+                                        prism_error *err);
+
 /* prism_dequantize_cpu on the GPU: codes, scales and out device memory. */
 prism_status prism_dequantize_cuda(const prism_quant_spec *spec, const uint8_t *codes,
                                    const float *scales, size_t numel, void *out,

@@ -162,6 +162,62 @@ float prism_quant_qmax(prism_precision format);
 prism_status prism_quantize_cpu(const prism_quant_spec *spec, const prism_tensor *x, uint8_t *codes,
                                 float *scales, uint64_t *nonfinite, prism_error *err);
 
+/* ---------------------------------------------------------------------------------------------
+ * Caller-given scales, and what quantization clipped (DESIGN 4.7, scale modes)
+ *
+ * Counted per call, over the finite elements x (v = x / s as above):
+ *   saturated    the clamp to qmax changed the code. With NEAREST: v rounded to the format's grid
+ *                as if it had no largest value lands above qmax, i.e.
+ *                  INT8      |v| >= 127.5  (127.5 is the tie between 127 and 128: even 128)
+ *                  INT4      |v| >= 7.5    (7.5 ties 7 and 8: even 8)
+ *                  FP8_E4M3  |v| > 464     (464 ties 448 = 1.110b*2^8 and 480 = 1.111b*2^8: even
+ *                                           448, so 464 itself is not saturated)
+ *                  FP8_E5M2  |v| >= 61440  (61440 ties 57344 = 1.11b*2^15 and 65536 = 2^16: even
+ *                                           65536)
+ *                and every v that overflowed to +-Inf. This is deliberately not |v| > qmax: under
+ *                the FP32 scale (amax / qmax) the largest element lands on qmax up to one unit
+ *                of rounding and is never counted; under POW2 it lands at or below qmax.
+ *                With STOCHASTIC: the neighbour the random bits chose lies above qmax: for INT,
+ *                lo + up beyond +-qmax (v = 127.3 saturates when its bits round it up to 128);
+ *                for FP8, the normal-range rule (random bits added below the kept mantissa,
+ *                then truncated) applied on the grid extended past the largest value gives a
+ *                value above qmax (|v| in (448, 480) for E4M3: with probability
+ *                (|v| - 448) / 32). The code is qmax's either way.
+ *   underflowed  x != 0 and the code is 0 (FP8's negative zero is never written, so a negative
+ *                value that rounds to zero is counted here too).
+ *   nonfinite    NaN and +-Inf elements, written as code 0 and counted in neither of the above.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct prism_quant_counts {
+    uint64_t saturated;   /* finite elements whose code the format's largest value replaced */
+    uint64_t underflowed; /* finite non-zero elements written as code 0 */
+    uint64_t nonfinite;   /* NaN/Inf elements (code 0, counted in neither of the above) */
+} prism_quant_counts;
+
+/* prism_quantize_cpu (the same codes and scales, bit for bit), plus the counts of the call in
+ * *counts (set, not added to; may be NULL). */
+prism_status prism_quantize_counted_cpu(const prism_quant_spec *spec, const prism_tensor *x,
+                                        uint8_t *codes, float *scales, prism_quant_counts *counts,
+                                        prism_error *err);
+
+/* Quantizes with the caller's scales (one per group, as prism_quant_layout counts them): one pass
+ * over x, the codes of each element as above under its group's given scale. Every scale must be
+ * finite and > 0, else PRISM_ERR_INVALID ("scales[G]: V is not a finite scale > 0", G the first
+ * such group) and nothing is written. amax (may be NULL; one per group) gets each group's largest
+ * finite |x| (0 when none), for a delayed-scaling history; counts (may be NULL) as above, set.
+ * spec->scale_mode is not used. With the scales prism_quantize_cpu computes, the codes are its
+ * codes. */
+prism_status prism_quantize_scaled_cpu(const prism_quant_spec *spec, const prism_tensor *x,
+                                       const float *scales, uint8_t *codes, float *amax,
+                                       prism_quant_counts *counts, prism_error *err);
+
+/* The delayed-scaling scale (DESIGN 4.7, scale_mode "delayed"): hist_max * 2^margin rounded once
+ * to binary32 (what ldexpf gives), then one binary32 division by qmax(format). hist_max not > 0
+ * or not finite (no history yet), or bf16 (no qmax): 1. A result that overflows gives FLT_MAX,
+ * one that underflows to 0 gives 2^-149 (the FP32 rule above). With margin 0 and hist_max the
+ * group's amax it is the FP32 scale. The same bits on the CPU and the GPU (quant_core.h). */
+float prism_quant_scale_delayed(float hist_max, int margin, prism_precision format);
+
 /* Decodes numel elements: out[i] = decode(code i) * scale of its group, one binary32
  * multiplication, then written as out_dtype (F32 exact; BF16 and F16 rounded to nearest even,
  * F16 overflowing to Inf). FP8 NaN codes (never written by prism_quantize) decode to NaN. */

@@ -450,6 +450,36 @@ AVX2_INLINE __m256i code_stochastic8(__m256 v, __m256i r, int format)
     return _mm256_andnot_si256(zero, _mm256_or_si256(code, sign));
 }
 
+/* All ones in the lanes whose code_nearest8 clamped the rounding to qmax
+ * (prism_qc_saturates_nearest): |v|'s bit pattern at or above the format's boundary. */
+AVX2_INLINE __m256i saturated_nearest8(__m256 v, int format)
+{
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
+    return _mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)(prism_qc_saturating_bits(format) - 1u)));
+}
+
+/* All ones in the lanes whose code_stochastic8 clamped the chosen neighbour to qmax
+ * (prism_qc_saturates_stochastic), with the same random words. */
+AVX2_INLINE __m256i saturated_stochastic8(__m256 v, __m256i r, int format)
+{
+    if (format == PRISM_QC_INT8 || format == PRISM_QC_INT4) {
+        const float qmax = prism_qc_qmax(format);
+        __m256 r24 = _mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8));
+        __m256 lo = _mm256_floor_ps(v);
+        __m256 frac = _mm256_sub_ps(v, lo);
+        __m256 up = _mm256_cmp_ps(r24, _mm256_mul_ps(frac, _mm256_set1_ps(16777216.0f)), _CMP_LT_OQ);
+        __m256 q = _mm256_add_ps(lo, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+        __m256 out = _mm256_or_ps(_mm256_cmp_ps(q, _mm256_set1_ps(qmax), _CMP_GT_OQ),
+                                  _mm256_cmp_ps(q, _mm256_set1_ps(-qmax), _CMP_LT_OQ));
+        return _mm256_castps_si256(out);
+    }
+    const prism_qc_fp8 f = prism_qc_fp8_shape(format);
+    const __m256i below = _mm256_set1_epi32((1 << (23 - f.mbits)) - 1);
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
+    __m256i g = _mm256_andnot_si256(below, _mm256_add_epi32(a, _mm256_and_si256(r, below)));
+    return _mm256_cmpgt_epi32(g, _mm256_set1_epi32((int)prism_qc_bits(f.max)));
+}
+
 /* Sixteen codes of elements i..i+15 (i even for INT4), int16 lanes in sequence, into their
  * bytes: INT8 as two's complement, FP8 as they are, INT4 as nibbles, element 2k low and 2k+1
  * high. */
@@ -622,6 +652,139 @@ AVX2_INLINE void quantize_range_as(const prism_quant_spec *spec, const prism_ten
         prism_cpu_scalar.quantize_range(spec, x, i, end, s, codes);
 }
 
+/* What the counted loop adds up: the bits of 16-bit lane masks (two bits an element) of the
+ * saturated, underflowed and NaN/Inf elements, and the largest finite |x| as bit patterns. */
+typedef struct count_lanes {
+    uint64_t saturated2, underflowed2, nonfinite2;
+    __m256i amax;
+} count_lanes;
+
+static inline uint64_t mask_bits(__m256i m)
+{
+    return (uint64_t)__builtin_popcount((unsigned)_mm256_movemask_epi8(m));
+}
+
+/* quantize16, counted into *k: the same codes, and per element whether it saturated (the masks
+ * of saturated_*8), whether a non-zero finite x got code 0, whether it is NaN/Inf, and |x| for
+ * amax (NaN/Inf lanes, whose patterns lie above FLT_MAX's, as 0). */
+AVX2_INLINE void quantize16_counted(const void *data, size_t i, __m256 s, uint8_t *codes,
+                                    prism_dtype dtype, int format, int stochastic, __m256i random0,
+                                    __m256i random1, count_lanes *k)
+{
+    __m256 lo, hi;
+    __m256i bad, clo, chi, slo, shi;
+    load16(data, i, dtype, &lo, &hi, &bad);
+    __m256 qlo = _mm256_div_ps(lo, s), qhi = _mm256_div_ps(hi, s);
+    if (stochastic) {
+        __m256i rlo = _mm256_permute2x128_si256(random0, random1, 0x20);
+        __m256i rhi = _mm256_permute2x128_si256(random0, random1, 0x31);
+        clo = code_stochastic8(qlo, rlo, format);
+        chi = code_stochastic8(qhi, rhi, format);
+        slo = saturated_stochastic8(qlo, rlo, format);
+        shi = saturated_stochastic8(qhi, rhi, format);
+    } else {
+        clo = code_nearest8(qlo, format);
+        chi = code_nearest8(qhi, format);
+        slo = saturated_nearest8(qlo, format);
+        shi = saturated_nearest8(qhi, format);
+    }
+    __m256i code = _mm256_andnot_si256(bad, _mm256_packs_epi32(clo, chi));
+    store_codes16(codes, i, code, format);
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), zero = _mm256_setzero_si256();
+    __m256i alo = _mm256_and_si256(_mm256_castps_si256(lo), abs_mask);
+    __m256i ahi = _mm256_and_si256(_mm256_castps_si256(hi), abs_mask);
+    __m256i zero_x = _mm256_packs_epi32(_mm256_cmpeq_epi32(alo, zero), _mm256_cmpeq_epi32(ahi, zero));
+    __m256i sat = _mm256_andnot_si256(bad, _mm256_packs_epi32(slo, shi));
+    __m256i und = _mm256_andnot_si256(_mm256_or_si256(bad, zero_x), _mm256_cmpeq_epi16(code, zero));
+    k->saturated2 += mask_bits(sat);
+    k->underflowed2 += mask_bits(und);
+    k->nonfinite2 += mask_bits(bad);
+    const __m256i flt_max = _mm256_set1_epi32(0x7f7fffff);
+    alo = _mm256_andnot_si256(_mm256_cmpgt_epi32(alo, flt_max), alo);
+    ahi = _mm256_andnot_si256(_mm256_cmpgt_epi32(ahi, flt_max), ahi);
+    k->amax = _mm256_max_epi32(k->amax, _mm256_max_epi32(alo, ahi));
+}
+
+/* quantize_range_as, counted: the same heads and tails on the scalar reference's counted
+ * primitive, sixteen at a time in between; *amax and *counts set for the range. */
+AVX2_INLINE void quantize_range_counted_as(const prism_quant_spec *spec, const prism_tensor *x,
+                                           size_t begin, size_t end, float s, uint8_t *codes,
+                                           const philox_keys *keys, prism_dtype dtype, int format,
+                                           int stochastic, float *amax, prism_quant_counts *counts)
+{
+    size_t align = stochastic ? 4 : (format == PRISM_QC_INT4 ? 2 : 1);
+    size_t i = (begin + align - 1) / align * align;
+    if (i > end)
+        i = end;
+    prism_quant_counts head = {0, 0, 0}, tail = {0, 0, 0};
+    float head_amax = 0.0f, tail_amax = 0.0f;
+    if (begin < i)
+        prism_cpu_scalar.quantize_range_counted(spec, x, begin, i, s, codes, &head_amax, &head);
+    count_lanes k = {0, 0, 0, _mm256_setzero_si256()};
+    const __m256 s8 = _mm256_set1_ps(s);
+    const void *data = x->data;
+    if (!stochastic) {
+        for (; end - i >= 16; i += 16)
+            quantize16_counted(data, i, s8, codes, dtype, format, 0, _mm256_setzero_si256(),
+                               _mm256_setzero_si256(), &k);
+    } else {
+        while (end - i >= 16) {
+            __m256i random[4];
+            philox_random32(keys, (uint64_t)i / 4, random);
+            quantize16_counted(data, i, s8, codes, dtype, format, 1, random[0], random[1], &k);
+            i += 16;
+            if (end - i >= 16) {
+                quantize16_counted(data, i, s8, codes, dtype, format, 1, random[2], random[3], &k);
+                i += 16;
+            }
+        }
+    }
+    if (i < end)
+        prism_cpu_scalar.quantize_range_counted(spec, x, i, end, s, codes, &tail_amax, &tail);
+    float m = prism_qc_float((uint32_t)max_epi32_8(k.amax));
+    m = head_amax > m ? head_amax : m;
+    *amax = tail_amax > m ? tail_amax : m;
+    counts->saturated = head.saturated + tail.saturated + k.saturated2 / 2;
+    counts->underflowed = head.underflowed + tail.underflowed + k.underflowed2 / 2;
+    counts->nonfinite = head.nonfinite + tail.nonfinite + k.nonfinite2 / 2;
+}
+
+/* Groups [g0, g1), counted (cpu.h's quantize_groups_counted): each group's scale given or from
+ * its amax, then its codes and counts in one counted range. */
+AVX2_INLINE void quantize_groups_counted_as(const prism_quant_spec *spec, size_t group_len,
+                                            const prism_tensor *x, size_t g0, size_t g1,
+                                            const float *given, float *scales, uint8_t *codes,
+                                            float *amax, prism_quant_counts *counts,
+                                            const philox_keys *keys, prism_dtype dtype, int format,
+                                            int stochastic)
+{
+    int pow2 = spec->scale_mode == PRISM_SCALE_POW2;
+    prism_quant_counts total = {0, 0, 0};
+    for (size_t g = g0; g < g1; g++) {
+        size_t begin = g * group_len;
+        size_t end = begin + group_len < x->numel ? begin + group_len : x->numel;
+        float s;
+        if (given) {
+            s = given[g];
+        } else {
+            float group_amax;
+            uint64_t bad;
+            amax_any(x->data, begin, end, dtype, &group_amax, &bad);
+            s = scales[g] = prism_qc_scale(group_amax, format, pow2);
+        }
+        float a;
+        prism_quant_counts c;
+        quantize_range_counted_as(spec, x, begin, end, s, codes, keys, dtype, format, stochastic,
+                                  &a, &c);
+        if (amax)
+            amax[g] = a;
+        total.saturated += c.saturated;
+        total.underflowed += c.underflowed;
+        total.nonfinite += c.nonfinite;
+    }
+    *counts = total;
+}
+
 /* Group g's amax and scale (written to scales[g]); its NaN/Inf count is added to *bad. */
 AVX2_INLINE float group_scale(const prism_tensor *x, size_t group_len, size_t g, float *scales,
                               uint64_t *bad, int pow2, prism_dtype dtype, int format)
@@ -674,14 +837,29 @@ typedef struct quantize_call {
     size_t group_len, g0, g1; /* groups */
     float *scales;
     uint64_t *nonfinite;
+    const float *given;         /* counted groups: the caller's scales, or NULL */
+    float *amax;                /* counted: per group (groups) or of the range; may be NULL */
+    prism_quant_counts *counts; /* counted */
     philox_keys keys;
 } quantize_call;
 
-/* One instance of the quantize loops per input dtype, format and rounding. */
+/* One instance of the quantize loops per input dtype, format, rounding and counting. */
 AVX2_INLINE void quantize_as(quantize_call *c, int groups, prism_dtype dtype, int format,
-                             int stochastic)
+                             int stochastic, int counted)
 {
-    if (groups)
+    if (counted) {
+        if (groups) {
+            quantize_groups_counted_as(c->spec, c->group_len, c->x, c->g0, c->g1, c->given,
+                                       c->scales, c->codes, c->amax, c->counts, &c->keys, dtype,
+                                       format, stochastic);
+        } else {
+            float a;
+            quantize_range_counted_as(c->spec, c->x, c->begin, c->end, c->s, c->codes, &c->keys,
+                                      dtype, format, stochastic, &a, c->counts);
+            if (c->amax)
+                *c->amax = a;
+        }
+    } else if (groups)
         quantize_groups_as(c->spec, c->group_len, c->x, c->g0, c->g1, c->scales, c->codes,
                            c->nonfinite, &c->keys, dtype, format, stochastic);
     else
@@ -689,30 +867,41 @@ AVX2_INLINE void quantize_as(quantize_call *c, int groups, prism_dtype dtype, in
                           stochastic);
 }
 
-#define QUANTIZE_FORMATS(c, groups, dtype, stochastic)                                             \
+#define QUANTIZE_FORMATS(c, groups, dtype, stochastic, counted)                                    \
     switch ((int)(c)->spec->format) {                                                              \
-    case PRISM_QC_INT8: quantize_as(c, groups, dtype, PRISM_QC_INT8, stochastic); break;           \
-    case PRISM_QC_INT4: quantize_as(c, groups, dtype, PRISM_QC_INT4, stochastic); break;           \
-    case PRISM_QC_E4M3: quantize_as(c, groups, dtype, PRISM_QC_E4M3, stochastic); break;           \
-    default: quantize_as(c, groups, dtype, PRISM_QC_E5M2, stochastic); break;                      \
+    case PRISM_QC_INT8: quantize_as(c, groups, dtype, PRISM_QC_INT8, stochastic, counted); break;  \
+    case PRISM_QC_INT4: quantize_as(c, groups, dtype, PRISM_QC_INT4, stochastic, counted); break;  \
+    case PRISM_QC_E4M3: quantize_as(c, groups, dtype, PRISM_QC_E4M3, stochastic, counted); break;  \
+    default: quantize_as(c, groups, dtype, PRISM_QC_E5M2, stochastic, counted); break;             \
     }
 
-#define QUANTIZE_DTYPES(c, groups, stochastic)                                                     \
+#define QUANTIZE_DTYPES(c, groups, stochastic, counted)                                            \
     switch ((c)->x->dtype) {                                                                       \
-    case PRISM_DTYPE_BF16: QUANTIZE_FORMATS(c, groups, PRISM_DTYPE_BF16, stochastic) break;        \
-    case PRISM_DTYPE_F16: QUANTIZE_FORMATS(c, groups, PRISM_DTYPE_F16, stochastic) break;          \
-    default: QUANTIZE_FORMATS(c, groups, PRISM_DTYPE_F32, stochastic) break;                       \
+    case PRISM_DTYPE_BF16: QUANTIZE_FORMATS(c, groups, PRISM_DTYPE_BF16, stochastic, counted) break; \
+    case PRISM_DTYPE_F16: QUANTIZE_FORMATS(c, groups, PRISM_DTYPE_F16, stochastic, counted) break; \
+    default: QUANTIZE_FORMATS(c, groups, PRISM_DTYPE_F32, stochastic, counted) break;              \
     }
 
 static void quantize_nearest(quantize_call *c, int groups)
 {
-    QUANTIZE_DTYPES(c, groups, 0)
+    QUANTIZE_DTYPES(c, groups, 0, 0)
 }
 
 static void quantize_stochastic(quantize_call *c, int groups)
 {
     philox_keys_init(&c->keys, c->spec->seed);
-    QUANTIZE_DTYPES(c, groups, 1)
+    QUANTIZE_DTYPES(c, groups, 1, 0)
+}
+
+static void quantize_nearest_counted(quantize_call *c, int groups)
+{
+    QUANTIZE_DTYPES(c, groups, 0, 1)
+}
+
+static void quantize_stochastic_counted(quantize_call *c, int groups)
+{
+    philox_keys_init(&c->keys, c->spec->seed);
+    QUANTIZE_DTYPES(c, groups, 1, 1)
 }
 
 static void avx2_quantize_range(const prism_quant_spec *spec, const prism_tensor *x, size_t begin,
@@ -1054,12 +1243,53 @@ static void avx2_error_chunk(const prism_tensor *a, const prism_tensor *b, size_
     }
 }
 
+static void avx2_quantize_range_counted(const prism_quant_spec *spec, const prism_tensor *x,
+                                        size_t begin, size_t end, float s, uint8_t *codes,
+                                        float *amax, prism_quant_counts *counts)
+{
+    quantize_call c = {.spec = spec, .x = x, .codes = codes, .begin = begin, .end = end, .s = s,
+                       .amax = amax, .counts = counts};
+    if (spec->rounding == PRISM_ROUNDING_STOCHASTIC)
+        quantize_stochastic_counted(&c, 0);
+    else
+        quantize_nearest_counted(&c, 0);
+}
+
+/* Groups shorter than one batch of sixteen go to the reference, as in avx2_quantize_groups. */
+static void avx2_quantize_groups_counted(const prism_quant_spec *spec, size_t group_len,
+                                         const prism_tensor *x, size_t g0, size_t g1,
+                                         const float *given, float *scales, uint8_t *codes,
+                                         float *amax, prism_quant_counts *counts)
+{
+    if (group_len < 16) {
+        prism_cpu_scalar.quantize_groups_counted(spec, group_len, x, g0, g1, given, scales, codes,
+                                                 amax, counts);
+        return;
+    }
+    quantize_call c = {.spec = spec,
+                       .x = x,
+                       .codes = codes,
+                       .group_len = group_len,
+                       .g0 = g0,
+                       .g1 = g1,
+                       .scales = scales,
+                       .given = given,
+                       .amax = amax,
+                       .counts = counts};
+    if (spec->rounding == PRISM_ROUNDING_STOCHASTIC)
+        quantize_stochastic_counted(&c, 1);
+    else
+        quantize_nearest_counted(&c, 1);
+}
+
 const prism_cpu_path prism_cpu_avx2 = {
     .name = "avx2",
     .stats_chunk = avx2_stats_chunk,
     .amax = avx2_amax,
     .quantize_range = avx2_quantize_range,
     .quantize_groups = avx2_quantize_groups,
+    .quantize_range_counted = avx2_quantize_range_counted,
+    .quantize_groups_counted = avx2_quantize_groups_counted,
     .dequantize_range = avx2_dequantize_range,
     .accumulate_range = avx2_accumulate_range,
     .error_chunk = avx2_error_chunk,

@@ -38,6 +38,20 @@ typedef struct prism_cpu_path {
      * amax, scale into scales[g], codes; adds the NaN/Inf count to *nonfinite. */
     void (*quantize_groups)(const prism_quant_spec *spec, size_t group_len, const prism_tensor *x,
                             size_t g0, size_t g1, float *scales, uint8_t *codes, uint64_t *nonfinite);
+    /* quantize_range, counted: the same codes, and *counts set to what the range's elements
+     * counted (kernels.h: saturated, underflowed, nonfinite); *amax (may be NULL) set to the
+     * range's largest finite |x| (0 when none). */
+    void (*quantize_range_counted)(const prism_quant_spec *spec, const prism_tensor *x,
+                                   size_t begin, size_t end, float s, uint8_t *codes, float *amax,
+                                   prism_quant_counts *counts);
+    /* Groups [g0, g1) as quantize_groups, counted: with given != NULL group g is quantized under
+     * given[g]; else its scale comes from its amax (spec->scale_mode) and is written to
+     * scales[g]. amax (may be NULL) gets each group's largest finite |x|; *counts is set to the
+     * sum over the groups. */
+    void (*quantize_groups_counted)(const prism_quant_spec *spec, size_t group_len,
+                                    const prism_tensor *x, size_t g0, size_t g1,
+                                    const float *given, float *scales, uint8_t *codes, float *amax,
+                                    prism_quant_counts *counts);
     /* out[i] (as dtype) for elements [begin, end). */
     void (*dequantize_range)(prism_precision format, size_t group_len, const uint8_t *codes,
                              const float *scales, size_t begin, size_t end, void *out,
@@ -78,6 +92,17 @@ PRISM_HIDDEN prism_status prism_quantize_with(const prism_cpu_path *path, int th
                                  const prism_quant_spec *spec, const prism_tensor *x,
                                  uint8_t *codes, float *scales, uint64_t *nonfinite,
                                  prism_error *err);
+/* prism_quantize_counted_cpu and prism_quantize_scaled_cpu on a given path and thread count:
+ * with given != NULL the caller's scales (checked) and amax out, else the computed scales
+ * written to scales. */
+PRISM_HIDDEN prism_status prism_quantize_counted_with(const prism_cpu_path *path, int threads,
+                                         const prism_quant_spec *spec, const prism_tensor *x,
+                                         uint8_t *codes, float *scales,
+                                         prism_quant_counts *counts, prism_error *err);
+PRISM_HIDDEN prism_status prism_quantize_scaled_with(const prism_cpu_path *path, int threads,
+                                        const prism_quant_spec *spec, const prism_tensor *x,
+                                        const float *scales, uint8_t *codes, float *amax,
+                                        prism_quant_counts *counts, prism_error *err);
 PRISM_HIDDEN prism_status prism_dequantize_with(const prism_cpu_path *path, int threads,
                                    const prism_quant_spec *spec, const uint8_t *codes,
                                    const float *scales, size_t numel, void *out,

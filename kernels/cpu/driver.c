@@ -433,6 +433,170 @@ prism_status prism_quantize_cpu(const prism_quant_spec *spec, const prism_tensor
     return prism_quantize_with(prism_cpu_best(), 0, spec, x, codes, scales, nonfinite, err);
 }
 
+/* ---- quantize, counted; quantize with given scales ------------------------------------- */
+
+typedef struct counted_job {
+    const prism_cpu_path *path;
+    const prism_quant_spec *spec;
+    const prism_tensor *x;
+    uint8_t *codes;
+    const float *given; /* the caller's scales, or NULL: computed into scales */
+    float *scales;
+    float *amax; /* per group, may be NULL */
+    size_t group_len, groups, task_groups;
+    float scale;                     /* per tensor: the one scale */
+    float *task_amax;                /* per tensor: one per task */
+    uint64_t *task_bad;              /* per tensor, computed scale: the amax pass's NaN/Inf */
+    prism_quant_counts *task_counts; /* one per task */
+} counted_job;
+
+static void counted_amax_task(void *ctx, size_t task)
+{
+    counted_job *job = ctx;
+    job->path->amax(job->x, task * TASK_ELEMENTS, range_end(task, TASK_ELEMENTS, job->x->numel),
+                    &job->task_amax[task], &job->task_bad[task]);
+}
+
+static void counted_range_task(void *ctx, size_t task)
+{
+    counted_job *job = ctx;
+    job->path->quantize_range_counted(job->spec, job->x, task * TASK_ELEMENTS,
+                                      range_end(task, TASK_ELEMENTS, job->x->numel), job->scale,
+                                      job->codes, &job->task_amax[task], &job->task_counts[task]);
+}
+
+static void counted_groups_task(void *ctx, size_t task)
+{
+    counted_job *job = ctx;
+    job->path->quantize_groups_counted(job->spec, job->group_len, job->x, task * job->task_groups,
+                                       range_end(task, job->task_groups, job->groups), job->given,
+                                       job->scales, job->codes, job->amax, &job->task_counts[task]);
+}
+
+/* The counted quantization of both public functions: checks (given scales included, before
+ * anything is written), then tasks as prism_quantize_with cuts them: per tensor, ranges of
+ * TASK_ELEMENTS under the one scale (after an amax pass when it is computed); per row or block,
+ * whole groups. Counts are summed and amax taken over the tasks in task order. */
+static prism_status quantize_counted_run(const prism_cpu_path *path, int threads,
+                                         const prism_quant_spec *spec, const prism_tensor *x,
+                                         int scaled, const float *given, float *scales,
+                                         uint8_t *codes, float *amax, prism_quant_counts *counts,
+                                         prism_error *err)
+{
+    check_path(&path, err);
+    prism_status st = prism_check_tensor(x, "input", 0, err);
+    if (st != PRISM_OK)
+        return st;
+    size_t groups, group_len, code_bytes;
+    st = prism_quant_layout(spec, x->numel, &groups, &group_len, &code_bytes, err);
+    if (st != PRISM_OK)
+        return st;
+    if (x->numel && (!codes || !(scaled ? given != NULL : scales != NULL)))
+        return prism_error_set(err, PRISM_ERR_INVALID, "quantize: codes or scales is NULL");
+    if (scaled && x->numel) {
+        for (size_t g = 0; g < groups; g++)
+            if (!(given[g] > 0.0f) || prism_qc_nonfinite(given[g]))
+                return prism_error_set(err, PRISM_ERR_INVALID,
+                                       "scales[%zu]: %g is not a finite scale > 0", g,
+                                       (double)given[g]);
+    }
+    prism_quant_counts total = {0, 0, 0};
+    if (x->numel == 0) {
+        if (counts)
+            *counts = total;
+        return PRISM_OK;
+    }
+    if (spec->format == PRISM_PRECISION_INT4 && x->numel % 2)
+        codes[code_bytes - 1] = 0; /* the unused high nibble */
+
+    counted_job job = {.path = path, .spec = spec, .x = x, .codes = codes, .given = given,
+                       .scales = scales, .amax = amax, .group_len = group_len, .groups = groups};
+    int nthreads = threads_for(threads, x->numel);
+    size_t tasks;
+    if (spec->granularity == PRISM_GRANULARITY_TENSOR) {
+        tasks = x->numel / TASK_ELEMENTS + (x->numel % TASK_ELEMENTS != 0);
+    } else {
+        size_t per = TASK_ELEMENTS / group_len;
+        if (per == 0)
+            per = 1;
+        if (spec->format == PRISM_PRECISION_INT4 && group_len % 2 && per % 2)
+            per++;
+        job.task_groups = per;
+        tasks = groups / per + (groups % per != 0);
+    }
+    job.task_counts = malloc(tasks * sizeof *job.task_counts);
+    job.task_amax = malloc(tasks * sizeof *job.task_amax);
+    job.task_bad = malloc(tasks * sizeof *job.task_bad);
+    if (!job.task_counts || !job.task_amax || !job.task_bad) {
+        free(job.task_counts);
+        free(job.task_amax);
+        free(job.task_bad);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "quantize: no memory for %zu tasks", tasks);
+    }
+    if (spec->granularity == PRISM_GRANULARITY_TENSOR) {
+        if (given) {
+            job.scale = given[0];
+        } else {
+            run_tasks(nthreads, tasks, counted_amax_task, &job);
+            float most = 0.0f;
+            for (size_t t = 0; t < tasks; t++)
+                most = job.task_amax[t] > most ? job.task_amax[t] : most;
+            scales[0] = job.scale =
+                prism_qc_scale(most, (int)spec->format, spec->scale_mode == PRISM_SCALE_POW2);
+        }
+        run_tasks(nthreads, tasks, counted_range_task, &job);
+        float most = 0.0f;
+        for (size_t t = 0; t < tasks; t++)
+            most = job.task_amax[t] > most ? job.task_amax[t] : most;
+        if (amax)
+            amax[0] = most;
+    } else {
+        run_tasks(nthreads, tasks, counted_groups_task, &job);
+    }
+    for (size_t t = 0; t < tasks; t++) {
+        total.saturated += job.task_counts[t].saturated;
+        total.underflowed += job.task_counts[t].underflowed;
+        total.nonfinite += job.task_counts[t].nonfinite;
+    }
+    free(job.task_counts);
+    free(job.task_amax);
+    free(job.task_bad);
+    if (counts)
+        *counts = total;
+    return PRISM_OK;
+}
+
+prism_status prism_quantize_counted_with(const prism_cpu_path *path, int threads,
+                                         const prism_quant_spec *spec, const prism_tensor *x,
+                                         uint8_t *codes, float *scales,
+                                         prism_quant_counts *counts, prism_error *err)
+{
+    return quantize_counted_run(path, threads, spec, x, 0, NULL, scales, codes, NULL, counts, err);
+}
+
+prism_status prism_quantize_scaled_with(const prism_cpu_path *path, int threads,
+                                        const prism_quant_spec *spec, const prism_tensor *x,
+                                        const float *scales, uint8_t *codes, float *amax,
+                                        prism_quant_counts *counts, prism_error *err)
+{
+    return quantize_counted_run(path, threads, spec, x, 1, scales, NULL, codes, amax, counts, err);
+}
+
+prism_status prism_quantize_counted_cpu(const prism_quant_spec *spec, const prism_tensor *x,
+                                        uint8_t *codes, float *scales, prism_quant_counts *counts,
+                                        prism_error *err)
+{
+    return prism_quantize_counted_with(prism_cpu_best(), 0, spec, x, codes, scales, counts, err);
+}
+
+prism_status prism_quantize_scaled_cpu(const prism_quant_spec *spec, const prism_tensor *x,
+                                       const float *scales, uint8_t *codes, float *amax,
+                                       prism_quant_counts *counts, prism_error *err)
+{
+    return prism_quantize_scaled_with(prism_cpu_best(), 0, spec, x, scales, codes, amax, counts,
+                                      err);
+}
+
 /* ---- dequantize and accumulate ---------------------------------------------------------- */
 
 typedef struct decode_job {

@@ -173,3 +173,8 @@ prism_status prism_check_pair(const prism_tensor *a, const prism_tensor *b, cons
                                "relative_error: a has %zu elements and b has %zu", a->numel, b->numel);
     return PRISM_OK;
 }
+
+float prism_quant_scale_delayed(float hist_max, int margin, prism_precision format)
+{
+    return prism_qc_scale_delayed(hist_max, margin, (int)format);
+}

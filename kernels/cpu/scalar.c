@@ -130,6 +130,74 @@ static void scalar_quantize_groups(const prism_quant_spec *spec, size_t group_le
     *nonfinite += total;
 }
 
+/* quantize_range with the counts of kernels.h: each finite element's code, whether the clamp to
+ * qmax changed it (prism_qc_saturates_*) and whether a non-zero x got code 0; NaN/Inf counted
+ * apart. The codes are those of scalar_quantize_range, element for element. */
+static void scalar_quantize_range_counted(const prism_quant_spec *spec, const prism_tensor *x,
+                                          size_t begin, size_t end, float s, uint8_t *codes,
+                                          float *amax, prism_quant_counts *counts)
+{
+    int format = (int)spec->format;
+    int stochastic = spec->rounding == PRISM_ROUNDING_STOCHASTIC;
+    float m = 0.0f;
+    uint64_t saturated = 0, underflowed = 0, bad = 0;
+    for (size_t i = begin; i < end; i++) {
+        float v = load(x, i);
+        uint8_t code = 0;
+        if (prism_qc_nonfinite(v)) {
+            bad++;
+        } else {
+            float a = prism_qc_abs(v);
+            if (a > m)
+                m = a;
+            float q = v / s;
+            if (stochastic) {
+                uint32_t r = prism_qc_random(i, spec->seed);
+                code = prism_qc_code_stochastic(q, format, r);
+                saturated += (uint64_t)prism_qc_saturates_stochastic(q, format, r);
+            } else {
+                code = prism_qc_code_nearest(q, format);
+                saturated += (uint64_t)prism_qc_saturates_nearest(q, format);
+            }
+            underflowed += (uint64_t)(code == 0 && a != 0.0f);
+        }
+        put_code(codes, spec->format, i, code);
+    }
+    if (amax)
+        *amax = m;
+    counts->saturated = saturated;
+    counts->underflowed = underflowed;
+    counts->nonfinite = bad;
+}
+
+static void scalar_quantize_groups_counted(const prism_quant_spec *spec, size_t group_len,
+                                           const prism_tensor *x, size_t g0, size_t g1,
+                                           const float *given, float *scales, uint8_t *codes,
+                                           float *amax, prism_quant_counts *counts)
+{
+    prism_quant_counts total = {0, 0, 0};
+    for (size_t g = g0; g < g1; g++) {
+        size_t begin = g * group_len;
+        size_t end = begin + group_len < x->numel ? begin + group_len : x->numel;
+        float s;
+        if (given) {
+            s = given[g];
+        } else {
+            float group_amax;
+            uint64_t bad;
+            scalar_amax(x, begin, end, &group_amax, &bad);
+            s = scales[g] =
+                prism_qc_scale(group_amax, (int)spec->format, spec->scale_mode == PRISM_SCALE_POW2);
+        }
+        prism_quant_counts c;
+        scalar_quantize_range_counted(spec, x, begin, end, s, codes, amax ? &amax[g] : NULL, &c);
+        total.saturated += c.saturated;
+        total.underflowed += c.underflowed;
+        total.nonfinite += c.nonfinite;
+    }
+    *counts = total;
+}
+
 static void scalar_dequantize_range(prism_precision format, size_t group_len, const uint8_t *codes,
                                     const float *scales, size_t begin, size_t end, void *out,
                                     prism_dtype dtype)
@@ -179,6 +247,8 @@ const prism_cpu_path prism_cpu_scalar = {
     .amax = scalar_amax,
     .quantize_range = scalar_quantize_range,
     .quantize_groups = scalar_quantize_groups,
+    .quantize_range_counted = scalar_quantize_range_counted,
+    .quantize_groups_counted = scalar_quantize_groups_counted,
     .dequantize_range = scalar_dequantize_range,
     .accumulate_range = scalar_accumulate_range,
     .error_chunk = scalar_error_chunk,

@@ -31,12 +31,16 @@ from .kernels import (  # noqa: E402
     library_path,
     qmax,
     quantize,
+    quantize_counted,
+    quantize_scaled,
     relative_error,
+    scale_delayed,
 )
 
 __all__ = [
     "Client", "fingerprint", "Format", "Transfer", "Layout", "LibraryNotFoundError", "PrismError", "PrismInvalidError", "Status",
     "code_bytes", "dequantize", "dequantize_accumulate", "f32_to_fp8", "fp8_to_f32",
     "grad_stats", "grad_stats_blocks", "groups", "has_cuda", "layout", "library_path",
-    "load_library", "qmax", "quantize", "relative_error",
+    "load_library", "qmax", "quantize", "quantize_counted", "quantize_scaled", "relative_error",
+    "scale_delayed",
 ]

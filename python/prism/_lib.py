@@ -99,6 +99,16 @@ class QuantSpec(ctypes.Structure):
     ]
 
 
+class QuantCounts(ctypes.Structure):
+    """prism_quant_counts"""
+
+    _fields_ = [
+        ("saturated", ctypes.c_uint64),
+        ("underflowed", ctypes.c_uint64),
+        ("nonfinite", ctypes.c_uint64),
+    ]
+
+
 class GradStats(ctypes.Structure):
     """prism_grad_stats"""
 
@@ -131,6 +141,11 @@ _CPU = {
     "prism_quant_qmax": (ctypes.c_float, [ctypes.c_int]),
     "prism_quantize_cpu": (_st, [_specp, _tp, _vp, _vp, _P(ctypes.c_uint64), _errp]),
     "prism_dequantize_cpu": (_st, [_specp, _vp, _vp, _sz, _vp, ctypes.c_int, _errp]),
+    # spec, x, codes, scales, counts, err
+    "prism_quantize_counted_cpu": (_st, [_specp, _tp, _vp, _vp, _P(QuantCounts), _errp]),
+    # spec, x, scales (given), codes, amax, counts, err
+    "prism_quantize_scaled_cpu": (_st, [_specp, _tp, _vp, _vp, _vp, _P(QuantCounts), _errp]),
+    "prism_quant_scale_delayed": (ctypes.c_float, [ctypes.c_float, ctypes.c_int, ctypes.c_int]),
     "prism_dequantize_accumulate_cpu": (_st, [_specp, _vp, _vp, _sz, _vp, _errp]),
     "prism_relative_error_cpu": (_st, [_tp, _tp, _P(ctypes.c_double), _errp]),
     "prism_grad_stats_blocks_cpu": (_st, [_tp, _P(_sz), _sz, _gsp, _errp]),
@@ -146,6 +161,10 @@ _CUDA = {
     "prism_cuda_device_count": (_st, [_P(ctypes.c_int), _errp]),
     # spec, x (device data), codes, scales, unsigned long long *nonfinite_device, stream, err
     "prism_quantize_cuda": (_st, [_specp, _tp, _vp, _vp, _vp, _vp, _errp]),
+    # spec, x (device data), codes, scales, prism_quant_counts *counts_device, stream, err
+    "prism_quantize_counted_cuda": (_st, [_specp, _tp, _vp, _vp, _vp, _vp, _errp]),
+    # spec, x, scales (given), codes, amax, counts (all device), stream, err
+    "prism_quantize_scaled_cuda": (_st, [_specp, _tp, _vp, _vp, _vp, _vp, _vp, _errp]),
     # spec, codes, scales, numel, out, out_dtype, stream, err
     "prism_dequantize_cuda": (_st, [_specp, _vp, _vp, _sz, _vp, ctypes.c_int, _vp, _errp]),
     # spec, codes, scales, numel, acc, stream, err

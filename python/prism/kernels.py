@@ -370,6 +370,103 @@ def quantize(x, fmt, granularity="block", block=128, scale="fp32", rounding="nea
     return codes, scales
 
 
+Counts = collections.namedtuple("Counts", ["saturated", "underflowed", "nonfinite"])
+Counts.__doc__ = """prism_quant_counts of one call: `saturated` finite elements whose code the
+format's largest value replaced (the clamp changed it), `underflowed` finite non-zero elements
+written as code 0, `nonfinite` NaN/Inf elements (code 0, in neither of the others)."""
+
+
+def _counts_buffer(a):
+    """Where a kernel writes its counts: a ctypes struct for host data, a device tensor of three
+    int64 (the struct's three uint64) for CUDA data."""
+    if a.device is not None:
+        torch = _torch()
+        return torch.zeros(3, dtype=torch.int64, device=a.device)
+    return _lib.QuantCounts()
+
+
+def _counts_of(buf):
+    if isinstance(buf, _lib.QuantCounts):
+        return Counts(buf.saturated, buf.underflowed, buf.nonfinite)
+    sat, und, bad = (int(v) for v in buf.tolist())
+    return Counts(sat, und, bad)
+
+
+def _counts_ptr(buf):
+    return ctypes.byref(buf) if isinstance(buf, _lib.QuantCounts) else buf.data_ptr()
+
+
+def quantize_counted(x, fmt, granularity="block", block=128, scale="fp32", rounding="nearest",
+                     seed=0, *, row=None):
+    """quantize(), plus what it clipped: returns (codes, scales, Counts).
+
+    The codes and scales are quantize()'s, bit for bit; Counts(saturated, underflowed,
+    nonfinite) are the call's (include/prism/kernels.h defines them: with nearest rounding an
+    INT8 element saturates when |x / s| >= 127.5, INT4 >= 7.5, FP8 E4M3 > 464, E5M2 >= 61440).
+    The arguments are quantize()'s."""
+    a = _arg(x, "x", "float")
+    ndim = len(a.shape)
+    spec = _spec(fmt, granularity, block, row, scale, rounding, seed,
+                 default_row=a.shape[-1] if ndim else 1)
+    lay = _layout(spec, a.numel)
+    codes = _empty(a, (lay.code_bytes,), "u8")
+    scales = _empty(a, (lay.groups,), _F32)
+    cptr = codes.data_ptr() if a.is_torch else codes.ctypes.data
+    sptr = scales.data_ptr() if a.is_torch else scales.ctypes.data
+    tensor = a.tensor()
+    counts = _counts_buffer(a)
+    if a.device is not None:
+        _cuda_call("prism_quantize_counted_cuda", a.device, ctypes.byref(spec), ctypes.byref(tensor),
+                   cptr, sptr, _counts_ptr(counts))
+    else:
+        _host_call(_lib.load().prism_quantize_counted_cpu, ctypes.byref(spec), ctypes.byref(tensor),
+                   cptr, sptr, _counts_ptr(counts))
+    return codes, scales, _counts_of(counts)
+
+
+def quantize_scaled(x, scales, fmt, granularity="block", block=128, rounding="nearest", seed=0, *,
+                    row=None):
+    """Quantizes x with the caller's scales (one float32 per group, as layout() counts them):
+    one pass over x. Returns (codes, amax, Counts): the codes as quantize() lays them out,
+    amax a float32 array with each group's largest finite |x| (0 when none), for a
+    delayed-scaling history, and the call's Counts (see quantize_counted).
+
+    scales: float32, on the host or x's CUDA device; every one finite and > 0, else
+        PrismInvalidError "scales[G]: V is not a finite scale > 0". With the scales quantize()
+        returns, the codes are quantize()'s.
+    The other arguments are quantize()'s (there is no `scale`: the scales are given)."""
+    a = _arg(x, "x", "float")
+    s = _arg(scales, "scales", "f32")
+    device = _place([a, s])
+    ndim = len(a.shape)
+    spec = _spec(fmt, granularity, block, row, "fp32", rounding, seed,
+                 default_row=a.shape[-1] if ndim else 1)
+    lay = _layout(spec, a.numel)
+    if s.numel != lay.groups:
+        raise ValueError(f"scales: {s.numel} scales, but the layout has {lay.groups} groups")
+    codes = _empty(a, (lay.code_bytes,), "u8")
+    amax = _empty(a, (lay.groups,), _F32)
+    cptr = codes.data_ptr() if a.is_torch else codes.ctypes.data
+    aptr = amax.data_ptr() if a.is_torch else amax.ctypes.data
+    tensor = a.tensor()
+    counts = _counts_buffer(a)
+    if device is not None:
+        _cuda_call("prism_quantize_scaled_cuda", device, ctypes.byref(spec), ctypes.byref(tensor),
+                   s.ptr, cptr, aptr, _counts_ptr(counts))
+    else:
+        _host_call(_lib.load().prism_quantize_scaled_cpu, ctypes.byref(spec), ctypes.byref(tensor),
+                   s.ptr, cptr, aptr, _counts_ptr(counts))
+    return codes, amax, _counts_of(counts)
+
+
+def scale_delayed(hist_max, margin, fmt):
+    """The delayed-scaling scale (prism_quant_scale_delayed): hist_max * 2**margin rounded once
+    to float32, then divided by qmax(fmt) in float32; 1.0 when hist_max is not a finite value
+    > 0, FLT_MAX when it overflows, 2**-149 when it underflows to 0."""
+    m = _integer("margin", margin, -(2**31), 2**31 - 1)
+    return float(_lib.load().prism_quant_scale_delayed(float(hist_max), m, _format(fmt)))
+
+
 def dequantize(codes, scales, fmt, numel=None, granularity="block", block=128, row=None,
                dtype=None, out=None):
     """Decodes codes and scales (as quantize returned them) into numel values.
