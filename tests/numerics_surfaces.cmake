@@ -3,3 +3,9 @@
 #   test_store_numerics   W, holds, counters, candidates and saturation figures saved and restored
 #                         exactly; a row written before issue 17 still loads; damaged blobs refused
 prism_test(test_store_numerics SOURCES unit/test_store_numerics.c LIBS prism_store)
+#   test_numerics_surfaces  a real prismd: REST, /metrics and prismctl blocks show formats, reasons,
+#                           holds, figures and the spike counters; a spike after a restart rolls
+#                           back with W from the store
+add_test(NAME test_numerics_surfaces COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_numerics_surfaces.py)
+set_tests_properties(test_numerics_surfaces PROPERTIES
+  ENVIRONMENT "PRISM_BUILD_DIR=${CMAKE_BINARY_DIR};PRISM_SOURCE_DIR=${CMAKE_SOURCE_DIR}" TIMEOUT 300)
