@@ -151,6 +151,45 @@ static int cmd_jobs(const client *c)
     return 0;
 }
 
+/* A block's saturation figure as a percent with 4 decimals, "-" when it has none. */
+static const char *percent(const json_t *v, char *buf, size_t len)
+{
+    if (!json_is_number(v))
+        return "-";
+    snprintf(buf, len, "%.4f%%", json_number_value(v) * 100.0);
+    return buf;
+}
+
+/* The summary's blocks per format when the job has more than one low format (low_precision auto,
+ * or blocks in several): "2 bf16, 3 int4, 1 fp8_e4m3 (auto)", bf16 first, then the low formats
+ * that hold blocks, most saving first; false (nothing printed) otherwise, and for an answer
+ * without blocks_by_precision (a prismd before issue 17). */
+static bool print_formats(const json_t *t)
+{
+    static const char *const low[4] = {"int4", "fp8_e4m3", "fp8_e5m2", "int8"};
+    const json_t *by = json_object_get(t, "blocks_by_precision");
+    const char *lp = json_string_value(json_object_get(t, "low_precision"));
+    if (!json_is_object(by) || !lp)
+        return false;
+    int formats = 0;
+    for (int k = 0; k < 4; k++)
+        formats += json_integer_value(json_object_get(by, low[k])) > 0;
+    if (strcmp(lp, "auto") != 0 && formats < 2)
+        return false;
+    printf("%lld bf16", (long long)json_integer_value(json_object_get(by, "bf16")));
+    for (int k = 0; k < 4; k++) {
+        json_int_t n = json_integer_value(json_object_get(by, low[k]));
+        if (n > 0)
+            printf(", %lld %s", (long long)n, low[k]);
+    }
+    printf(" (%s)", lp);
+    return true;
+}
+
+/* GET .../blocks as a table. The REASON column widens for the longer reasons of issue 17
+ * (loss_spike, saturation), SAT and UNDER columns come when a block has saturation figures, and
+ * the summary counts blocks per format when there are several: a job without any of those
+ * prints as before, byte for byte. */
 static int cmd_blocks(const client *c, const char *job)
 {
     char path[512];
@@ -163,30 +202,55 @@ static int cmd_blocks(const client *c, const char *job)
     free(r.body);
     if (!doc)
         return code;
-    printf("%-8s %-9s %11s %10s %11s %9s %11s %-9s %s\n", "BLOCK", "PRECISION", "SENSITIVITY", "GRAD", "ERROR", "REL",
-           "LAST_SWITCH", "REASON", "FORCED");
     size_t i;
     json_t *b;
+    int reason_width = 9;
+    bool figures = false;
     json_array_foreach(json_object_get(doc, "blocks"), i, b)
     {
-        char id[32], s[32], g[32], e[32], rel[32], last[32];
-        printf("%-8s %-9s %11s %10s %11s %9s %11s %-9s %s\n", num(json_object_get(b, "id"), id, sizeof id),
+        const char *reason = json_string_value(json_object_get(b, "reason"));
+        if (reason && (int)strlen(reason) > reason_width)
+            reason_width = (int)strlen(reason);
+        figures = figures || json_is_number(json_object_get(b, "saturated_fraction")) ||
+                  json_is_number(json_object_get(b, "underflowed_fraction"));
+    }
+    printf("%-8s %-9s %11s %10s %11s %9s %11s %-*s ", "BLOCK", "PRECISION", "SENSITIVITY", "GRAD", "ERROR", "REL",
+           "LAST_SWITCH", reason_width, "REASON");
+    if (figures)
+        printf("%9s %9s ", "SAT", "UNDER");
+    printf("%s\n", "FORCED");
+    json_array_foreach(json_object_get(doc, "blocks"), i, b)
+    {
+        char id[32], s[32], g[32], e[32], rel[32], last[32], sat[32], under[32];
+        printf("%-8s %-9s %11s %10s %11s %9s %11s %-*s ", num(json_object_get(b, "id"), id, sizeof id),
                json_string_value(json_object_get(b, "precision")), num(json_object_get(b, "sensitivity"), s, sizeof s),
                num(json_object_get(b, "grad_score"), g, sizeof g), num(json_object_get(b, "error_score"), e, sizeof e),
                num(json_object_get(b, "relative_magnitude"), rel, sizeof rel),
-               num(json_object_get(b, "last_switch_step"), last, sizeof last),
-               json_string_value(json_object_get(b, "reason")), json_is_true(json_object_get(b, "forced")) ? "yes" : "no");
+               num(json_object_get(b, "last_switch_step"), last, sizeof last), reason_width,
+               json_string_value(json_object_get(b, "reason")));
+        if (figures)
+            printf("%9s %9s ", percent(json_object_get(b, "saturated_fraction"), sat, sizeof sat),
+                   percent(json_object_get(b, "underflowed_fraction"), under, sizeof under));
+        printf("%s\n", json_is_true(json_object_get(b, "forced")) ? "yes" : "no");
     }
     const json_t *t = json_object_get(doc, "telemetry");
     char v[32], st[32];
     printf("map_version %s, step %s", num(json_object_get(doc, "map_version"), v, sizeof v),
            num(json_object_get(doc, "step"), st, sizeof st));
-    if (json_is_object(t))
-        printf(", last decision at step %s: %lld bf16, %lld low (%s), saving %.1f%%",
-               num(json_object_get(t, "step_id"), st, sizeof st), (long long)json_integer_value(json_object_get(t, "blocks_bf16")),
-               (long long)json_integer_value(json_object_get(t, "blocks_int8")),
-               json_string_value(json_object_get(t, "low_precision")),
-               json_number_value(json_object_get(t, "estimated_bandwidth_saving_pct")));
+    if (json_is_object(t)) {
+        printf(", last decision at step %s: ", num(json_object_get(t, "step_id"), st, sizeof st));
+        if (!print_formats(t))
+            printf("%lld bf16, %lld low (%s)", (long long)json_integer_value(json_object_get(t, "blocks_bf16")),
+                   (long long)json_integer_value(json_object_get(t, "blocks_int8")),
+                   json_string_value(json_object_get(t, "low_precision")));
+        printf(", saving %.1f%%", json_number_value(json_object_get(t, "estimated_bandwidth_saving_pct")));
+    }
+    json_int_t spikes = json_integer_value(json_object_get(doc, "loss_spikes"));
+    if (spikes > 0) {
+        json_int_t back = json_integer_value(json_object_get(doc, "blocks_rolled_back"));
+        printf(", %lld loss spike%s (%lld block%s rolled back)", (long long)spikes, spikes == 1 ? "" : "s",
+               (long long)back, back == 1 ? "" : "s");
+    }
     printf("\n");
     json_decref(doc);
     return 0;

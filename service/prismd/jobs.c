@@ -1967,6 +1967,7 @@ static void publish(prismd_jobs *j)
         sj->summary = job->summary;
         sj->decided_unix = job->decided_unix;
         sj->decisions = job->decisions;
+        sj->counters = progress.counters;
         memcpy(sj->switches, job->switches, sizeof sj->switches);
         if (!snap_ranks(sj, job) ||
             !prismd_plans_view(job->plans, prism_policy_config(job->policy), job->ranks, job->nranks, &sj->plan)) {

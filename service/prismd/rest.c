@@ -74,40 +74,70 @@ static json_t *opt_real(bool present, double x)
     return present && isfinite(x) ? json_real(x) : json_null();
 }
 
+/* Blocks per precision, every name a key, in the wire enum's order (the telemetry record's). */
+static json_t *by_precision_json(const size_t counts[PRISM_PRECISION_COUNT])
+{
+    json_t *obj = json_object();
+    for (int k = 0; obj && k < PRISM_PRECISION_COUNT; k++)
+        json_object_set_new(obj, prism_precision_name((prism_precision)k), json_integer((json_int_t)counts[k]));
+    return obj;
+}
+
 static json_t *summary_json(const prismd_snap_job *j)
 {
     if (!j->has_summary)
         return json_null();
     const prism_summary *s = &j->summary;
     bool scored = s->scored > 0;
-    return json_pack("{s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:f, s:s, s:I}", "step_id", (json_int_t)s->step_id,
+    return json_pack("{s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:f, s:s, s:I, s:o, s:b}", "step_id", (json_int_t)s->step_id,
                      "blocks_bf16", (json_int_t)s->blocks_bf16, "blocks_int8", (json_int_t)s->blocks_low,
                      "mean_sensitivity", opt_real(scored, s->mean_sensitivity), "max_sensitivity",
                      opt_real(scored, s->max_sensitivity), "min_sensitivity", opt_real(scored, s->min_sensitivity),
                      "precision_changes", (json_int_t)s->precision_changes, "estimated_bandwidth_saving_pct",
                      s->bandwidth_saving_pct, "low_precision", prism_low_precision_name(s->low_precision), "map_version",
-                     (json_int_t)s->map_version);
+                     (json_int_t)s->map_version, "blocks_by_precision", by_precision_json(s->blocks_by_precision),
+                     "loss_spike", s->loss_spike);
 }
 
+/* The job's fields of GET /v1/jobs and GET .../blocks, the loss-spike counters (DESIGN 4.7: every
+ * spike, the decisions of their own, the blocks rolled back; kept across restarts) included. */
 static json_t *job_json(const prismd_snap_job *j)
 {
-    return json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I}", "job_id", j->id, "step",
+    return json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "job_id", j->id, "step",
                      j->has_step ? json_integer((json_int_t)j->last_step) : json_null(), "map_version",
                      (json_int_t)j->map_version, "decided_step", (json_int_t)j->decided_step, "effective_step",
                      (json_int_t)j->effective_step, "agents_connected", (json_int_t)j->agents, "world_size",
-                     (json_int_t)j->world_size, "blocks", (json_int_t)j->nblocks);
+                     (json_int_t)j->world_size, "blocks", (json_int_t)j->nblocks, "loss_spikes",
+                     (json_int_t)j->counters.loss_spikes, "loss_spike_decisions",
+                     (json_int_t)j->counters.loss_spike_decisions, "blocks_rolled_back",
+                     (json_int_t)j->counters.blocks_rolled_back);
 }
 
-static json_t *block_json(const prism_block_view *v, const char *name)
+/* Block b of job j (GET .../blocks and .../blocks/{id}): its format, the reason of its last
+ * change, its candidate low format, the end of a loss spike's hold while the hold can still bind
+ * (null once the job's last step has reached it, or when it was never held) and, when the job's
+ * scale_mode is not "current" or the block has figures, its saturated and underflowed fractions
+ * (the means over its window, null without figures). */
+static json_t *block_json(const prismd_snap_job *j, size_t b)
 {
-    return json_pack("{s:I, s:o, s:s, s:o, s:o, s:o, s:o, s:o, s:s, s:b}", "id", (json_int_t)v->id, "name",
-                     name ? json_string(name) : json_null(), "precision",
-                     prism_precision_name(v->precision), "sensitivity", opt_real(v->has_score, v->sensitivity),
-                     "grad_score", opt_real(v->has_score, v->grad_score), "error_score",
-                     opt_real(v->has_score && v->has_error_score, v->error_score), "relative_magnitude",
-                     opt_real(v->has_score, v->relative_magnitude), "last_switch_step",
-                     v->has_switch ? json_integer((json_int_t)v->last_switch_step) : json_null(), "reason",
-                     prism_reason_name(v->reason), "forced", v->forced);
+    const prism_block_view *v = &j->blocks[b];
+    const char *name = j->names ? j->names[b] : NULL;
+    bool holding = v->held && (!j->has_step || j->last_step < v->hold_until);
+    json_t *obj = json_pack("{s:I, s:o, s:s, s:o, s:o, s:o, s:o, s:o, s:s, s:b, s:s, s:o}", "id", (json_int_t)v->id,
+                            "name", name ? json_string(name) : json_null(), "precision",
+                            prism_precision_name(v->precision), "sensitivity", opt_real(v->has_score, v->sensitivity),
+                            "grad_score", opt_real(v->has_score, v->grad_score), "error_score",
+                            opt_real(v->has_score && v->has_error_score, v->error_score), "relative_magnitude",
+                            opt_real(v->has_score, v->relative_magnitude), "last_switch_step",
+                            v->has_switch ? json_integer((json_int_t)v->last_switch_step) : json_null(), "reason",
+                            prism_reason_name(v->reason), "forced", v->forced, "candidate",
+                            prism_precision_name(v->candidate), "hold_until",
+                            holding ? json_integer((json_int_t)v->hold_until) : json_null());
+    if (obj && (j->config.scale_mode != PRISM_SCALE_CURRENT || v->has_saturation)) {
+        json_object_set_new(obj, "saturated_fraction", opt_real(v->has_saturation, v->saturated_fraction));
+        json_object_set_new(obj, "underflowed_fraction", opt_real(v->has_saturation, v->underflowed_fraction));
+    }
+    return obj;
 }
 
 /* The blocks of the job's current map at each precision, every precision a key. */
@@ -139,6 +169,8 @@ static json_t *job_entry_json(const prismd_snap_job *j)
         json_object_set_new(obj, "last_decision_step",
                             j->has_summary ? json_integer((json_int_t)j->summary.step_id) : json_null());
         json_object_set_new(obj, "last_decision_unix", opt_real(j->has_summary, j->decided_unix));
+        json_object_set_new(obj, "blocks_by_precision",
+                            j->has_summary ? by_precision_json(j->summary.blocks_by_precision) : json_null());
     }
     return obj;
 }
@@ -160,7 +192,7 @@ static char *render_blocks(const void *ctx)
     const prismd_snap_job *j = ctx;
     json_t *blocks = json_array();
     for (size_t i = 0; blocks && i < j->nblocks; i++)
-        json_array_append_new(blocks, block_json(&j->blocks[i], j->names ? j->names[i] : NULL));
+        json_array_append_new(blocks, block_json(j, i));
     json_t *obj = job_json(j);
     if (obj) {
         json_object_set_new(obj, "blocks", blocks);
@@ -202,7 +234,7 @@ static char *blocks_piece(blocks_stream *b)
         b->stage = 1;
         break;
     case 1:
-        obj = block_json(&j->blocks[b->next], j->names ? j->names[b->next] : NULL);
+        obj = block_json(j, b->next);
         text = obj ? prism_json_dumps_exact(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (text && asprintf(&piece, "%s%s", b->next ? "," : "", text) < 0)
             piece = NULL;
@@ -556,7 +588,7 @@ static void get_block(prismd_rest *r, const prismd_snap_job *j, const char *id_t
         answer_error(a, 404, "not_found", "job %s has no block %llu", j->id, id);
         return;
     }
-    json_t *obj = block_json(v, j->names ? j->names[v - j->blocks] : NULL);
+    json_t *obj = block_json(j, (size_t)(v - j->blocks));
     json_t *history = json_array();
     prismd_switch_row rows[HISTORY_MAX];
     prism_error err;
@@ -844,6 +876,48 @@ static void plan_metrics(text *t, const prismd_snapshot *snap)
     add(t, "prism_tensor_stats_total{outcome=\"refused\"} %llu\n", (unsigned long long)snap->tensor_stats_refused);
 }
 
+/* The numerics families (issue 17, DESIGN 4.7): per job the loss spikes and the blocks they rolled
+ * back (the policy's counters, kept by the store across restarts), and the mean saturated and
+ * underflowed fractions over the job's low blocks that have figures (summed in block id order;
+ * no sample when none has). */
+static void numerics_metrics(text *t, const prismd_snapshot *snap)
+{
+    family(t, "prism_loss_spikes_total", "counter",
+           "Loss spikes of the job (a step's loss above loss_spike_factor x the median of the last "
+           "loss_spike_window losses), whether or not a block was rolled back.");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(t, "prism_loss_spikes_total{job=\"%s\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)snap->jobs[i].counters.loss_spikes);
+    family(t, "prism_loss_spike_rollbacks_total", "counter",
+           "Blocks of the job that a loss spike sent back to bf16 (reason loss_spike).");
+    for (size_t i = 0; i < snap->njobs; i++)
+        add(t, "prism_loss_spike_rollbacks_total{job=\"%s\"} %llu\n", snap->jobs[i].id,
+            (unsigned long long)snap->jobs[i].counters.blocks_rolled_back);
+    static const char *const names[2] = {"prism_saturated_fraction", "prism_underflowed_fraction"};
+    static const char *const helps[2] = {
+        "Mean over the job's low blocks with figures of each one's saturated fraction (the mean over its window "
+        "of the fraction of elements above the format's largest value); absent when no low block has figures.",
+        "Mean over the job's low blocks with figures of each one's underflowed fraction (the mean over its window "
+        "of the fraction of non-zero elements quantized to 0); absent when no low block has figures."};
+    for (int f = 0; f < 2; f++) {
+        family(t, names[f], "gauge", helps[f]);
+        for (size_t i = 0; i < snap->njobs; i++) {
+            const prismd_snap_job *j = &snap->jobs[i];
+            double sum = 0.0;
+            size_t n = 0;
+            for (size_t b = 0; b < j->nblocks; b++) {
+                const prism_block_view *v = &j->blocks[b];
+                if (v->precision != PRISM_PRECISION_BF16 && v->has_saturation) {
+                    sum += f == 0 ? v->saturated_fraction : v->underflowed_fraction;
+                    n++;
+                }
+            }
+            if (n)
+                add(t, "%s{job=\"%s\"} %.17g\n", names[f], j->id, sum / (double)n);
+        }
+    }
+}
+
 /* The per-block family of /metrics: one sample per scored block of every job. */
 static const char block_family_head[] =
     "# HELP prism_block_sensitivity Sensitivity score s of each scored block at the last decision.\n"
@@ -938,6 +1012,7 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
         for (int r = 1; r < PRISMD_REASONS; r++)
             add(&t, "prism_precision_switches_total{job=\"%s\",reason=\"%s\"} %llu\n", snap->jobs[i].id,
                 prism_reason_name((prism_reason)r), (unsigned long long)snap->jobs[i].switches[r]);
+    numerics_metrics(&t, snap);
     size_t all_blocks = 0;
     for (size_t i = 0; i < snap->njobs; i++)
         all_blocks += snap->jobs[i].nblocks;

@@ -127,6 +127,7 @@ typedef struct prismd_snap_job {
     uint64_t late_switches;      /* the ranks' late_switches summed (unknown ones count 0; at most
                                   * UINT64_MAX) */
     uint64_t decisions;          /* decisions made for the job since prismd started */
+    prism_policy_counters counters; /* loss spikes, their decisions and rollbacks (kept by the store) */
     prismd_plan_view plan;       /* hybrid-device plans (GET .../plan, /metrics) */
     _Atomic(char *) blocks_json; /* GET .../blocks, rendered by the first request that needs it */
     _Atomic(char *) blocks_gzip; /* the same, gzip-compressed (length-prefixed, see rest.c) */

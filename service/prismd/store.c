@@ -1,19 +1,30 @@
 /* The store (store.h). A job's blocks are saved as one blob per state row: one row written per
  * decision whatever the number of blocks, and read back whole at start. Blob layout, host byte
  * order (little-endian on every machine Prism runs on):
- *   "PRB2" u32 count, then per block: u32 id, u8 precision, u8 reason, u8 flags (1 has_switch,
- *   2 assigned), u8 0, u64 last_switch_step, u64 param_bytes_bf16, f64 calibration[5],
- *   u32 window_len, f64 window[window_len] (oldest first), then the scores of the last
- *   decision: u8 flags (1 has_score, 2 has_error_score), u8 0[7], f64 sensitivity, grad_score,
- *   relative_magnitude, error_score.
- * "PRB1" blobs (schema 1) are read too: the same less the scores, which come back unknown.
+ *   "PRB3" u32 count, then the job's numerics (issue 17, DESIGN 4.7): u64 loss_spikes,
+ *   loss_spike_decisions, blocks_rolled_back (prism_policy_counters), u32 loss_len, f64
+ *   losses[loss_len] (W, oldest first); then per block: u32 id, u8 precision, u8 reason, u8 flags
+ *   (1 has_switch, 2 assigned), u8 0, u64 last_switch_step, u64 param_bytes_bf16, f64
+ *   calibration[5], u32 window_len, f64 window[window_len] (oldest first), then the scores of the
+ *   last decision: u8 flags (1 has_score, 2 has_error_score), u8 0[7], f64 sensitivity,
+ *   grad_score, relative_magnitude, error_score; then its numerics: u8 candidate (a low format),
+ *   u8 flags (1 held, 2 has_saturation, 4 the window's entries carry figures), u8 0[6], u64
+ *   hold_until (0 unless held), f64 saturated_fraction, underflowed_fraction (the view's, 0 unless
+ *   has_saturation), and with flag 4: u8 has[window_len] (0 or 1), f64 saturated[window_len],
+ *   f64 underflowed[window_len] (0 where has is 0).
+ * "PRB2" blobs (schemas 2 and 3, before issue 17) are read too: the same less the job's numerics
+ * and the blocks' (W empty, counters 0, no hold, no figures; the candidate is the config's one
+ * low format until the next decision); "PRB1" (schema 1) less the scores as well, which come back
+ * unknown. A prismd older than PRB3 refuses a PRB3 blob as damaged.
  * The summary column holds the telemetry summary of the job's last decision (NULL: none):
- *   "PRS2" u32 low_precision, u64 step_id, map_version, blocks_bf16, blocks_low,
+ *   "PRS3" u32 low_precision, u64 step_id, map_version, blocks_bf16, blocks_low,
  *   precision_changes, scored, f64 mean_sensitivity, max_sensitivity, min_sensitivity,
  *   bandwidth_saving_pct, decided_unix (the decision's wall-clock time, Unix seconds; NaN: not
- *   known). "PRS1" blobs (written before decided_unix) are read too: the same less
- *   decided_unix, which comes back not known. A prismd older than PRS2 refuses a PRS2 blob as
- *   damaged: going back to one needs a store it wrote.
+ *   known), u64 blocks_by_precision[5] (enum order), u8 loss_spike (0 or 1), u8 0[7].
+ *   "PRS2" blobs are read too: the same less blocks_by_precision and loss_spike (a single low
+ *   format then: blocks_bf16 at bf16, blocks_low at low_precision; loss_spike false); "PRS1"
+ *   (written before decided_unix) less decided_unix as well, which comes back not known. A prismd
+ *   older than a blob's version refuses it as damaged: going back to one needs a store it wrote.
  * Schema 2 added job_state.summary and the scores; schema 3 the table job_plan (hybrid-device
  * plans, issue 15). Older stores are migrated when opened, one version at a time. */
 #define _POSIX_C_SOURCE 200809L
@@ -314,16 +325,37 @@ static void put(blob *b, const void *p, size_t n)
     b->len += n;
 }
 
+/* Room for one block's record (prism_policy_block_record) while encoding. */
+typedef struct record_room {
+    double window[PRISM_WINDOW_MAX];
+    uint8_t has[PRISM_WINDOW_MAX];
+    double saturated[PRISM_WINDOW_MAX], underflowed[PRISM_WINDOW_MAX];
+} record_room;
+
 static bool encode_blocks(const prism_policy *p, blob *b)
 {
     uint32_t count = (uint32_t)prism_policy_block_count(p);
-    put(b, "PRB2", 4);
+    put(b, "PRB3", 4);
     put(b, &count, 4);
-    double *window = malloc(PRISM_WINDOW_MAX * sizeof *window);
-    if (!window)
+    prism_policy_progress progress;
+    prism_policy_progress_get(p, &progress);
+    uint64_t counters[3] = {progress.counters.loss_spikes, progress.counters.loss_spike_decisions,
+                            progress.counters.blocks_rolled_back};
+    double *losses = malloc(((size_t)progress.loss_len + 1) * sizeof *losses);
+    record_room *room = malloc(sizeof *room);
+    if (!losses || !room) {
+        free(losses);
+        free(room);
         return false;
+    }
+    uint32_t loss_len = (uint32_t)prism_policy_loss_window(p, losses);
+    put(b, counters, sizeof counters);
+    put(b, &loss_len, 4);
+    put(b, losses, loss_len * sizeof *losses);
+    free(losses);
     for (uint32_t i = 0; i < count; i++) {
-        prism_block_record r = {.window = window};
+        prism_block_record r = {.window = room->window, .window_has_saturation = room->has,
+                                .window_saturated = room->saturated, .window_underflowed = room->underflowed};
         prism_policy_block_record(p, i, &r);
         uint8_t head[4] = {(uint8_t)r.view.precision, (uint8_t)r.view.reason,
                            (uint8_t)((r.view.has_switch ? 1 : 0) | (r.assigned ? 2 : 0)), 0};
@@ -339,8 +371,27 @@ static bool encode_blocks(const prism_policy *p, blob *b)
         double values[4] = {r.view.sensitivity, r.view.grad_score, r.view.relative_magnitude, r.view.error_score};
         put(b, scores, sizeof scores);
         put(b, values, sizeof values);
+        bool figures = false;
+        for (uint32_t k = 0; k < r.window_len; k++) {
+            if (!r.window_has_saturation[k])
+                r.window_saturated[k] = r.window_underflowed[k] = 0.0;
+            figures = figures || r.window_has_saturation[k];
+        }
+        uint8_t numerics[8] = {(uint8_t)r.view.candidate,
+                               (uint8_t)((r.view.held ? 1 : 0) | (r.view.has_saturation ? 2 : 0) | (figures ? 4 : 0))};
+        uint64_t hold_until = r.view.held ? r.view.hold_until : 0;
+        double fractions[2] = {r.view.has_saturation ? r.view.saturated_fraction : 0.0,
+                               r.view.has_saturation ? r.view.underflowed_fraction : 0.0};
+        put(b, numerics, sizeof numerics);
+        put(b, &hold_until, 8);
+        put(b, fractions, sizeof fractions);
+        if (figures) {
+            put(b, r.window_has_saturation, r.window_len);
+            put(b, r.window_saturated, r.window_len * sizeof(double));
+            put(b, r.window_underflowed, r.window_len * sizeof(double));
+        }
     }
-    free(window);
+    free(room);
     return !b->failed;
 }
 
@@ -351,10 +402,16 @@ static bool encode_summary(const prism_summary *sm, double decided_unix, blob *b
                           sm->scored};
     double values[5] = {sm->mean_sensitivity, sm->max_sensitivity, sm->min_sensitivity, sm->bandwidth_saving_pct,
                         decided_unix};
-    put(b, "PRS2", 4);
+    uint64_t by_precision[PRISM_PRECISION_COUNT];
+    for (int k = 0; k < PRISM_PRECISION_COUNT; k++)
+        by_precision[k] = sm->blocks_by_precision[k];
+    uint8_t spike[8] = {sm->loss_spike ? 1 : 0};
+    put(b, "PRS3", 4);
     put(b, &low, 4);
     put(b, counts, sizeof counts);
     put(b, values, sizeof values);
+    put(b, by_precision, sizeof by_precision);
+    put(b, spike, sizeof spike);
     return !b->failed;
 }
 
@@ -373,7 +430,8 @@ static bool get(reader *r, void *out, size_t n)
     return true;
 }
 
-/* Decodes a summary blob (PRS2, or PRS1: *decided_unix NaN); false when it is damaged. */
+/* Decodes a summary blob (PRS3; PRS2: blocks_by_precision from blocks_bf16 and blocks_low, no
+ * spike; PRS1: that and *decided_unix NaN); false when it is damaged. */
 static bool decode_summary(const uint8_t *data, size_t len, prism_summary *out, double *decided_unix)
 {
     reader r = {data, len};
@@ -381,43 +439,97 @@ static bool decode_summary(const uint8_t *data, size_t len, prism_summary *out, 
     uint32_t low;
     uint64_t counts[6];
     double values[5] = {0, 0, 0, 0, NAN};
-    if (!get(&r, magic, 4) || (memcmp(magic, "PRS1", 4) != 0 && memcmp(magic, "PRS2", 4) != 0))
+    uint64_t by_precision[PRISM_PRECISION_COUNT] = {0};
+    uint8_t spike[8] = {0};
+    if (!get(&r, magic, 4) || memcmp(magic, "PRS", 3) != 0 || magic[3] < '1' || magic[3] > '3')
         return false;
-    size_t nvalues = magic[3] == '2' ? 5 : 4;
+    size_t nvalues = magic[3] >= '2' ? 5 : 4;
+    bool numerics = magic[3] == '3';
     if (!get(&r, &low, 4) || !get(&r, counts, sizeof counts) || !get(&r, values, nvalues * sizeof *values) ||
-        r.left != 0 || (low >= PRISM_PRECISION_COUNT && low != (uint32_t)PRISM_LOW_AUTO))
+        (numerics && (!get(&r, by_precision, sizeof by_precision) || !get(&r, spike, sizeof spike))) ||
+        r.left != 0 || (low >= PRISM_PRECISION_COUNT && low != (uint32_t)PRISM_LOW_AUTO) || spike[0] > 1)
         return false;
     *decided_unix = values[4];
     *out = (prism_summary){.step_id = counts[0], .map_version = counts[1], .low_precision = (prism_precision)low,
                            .blocks_bf16 = (size_t)counts[2], .blocks_low = (size_t)counts[3],
                            .precision_changes = (size_t)counts[4], .scored = (size_t)counts[5],
                            .mean_sensitivity = values[0], .max_sensitivity = values[1],
-                           .min_sensitivity = values[2], .bandwidth_saving_pct = values[3]};
+                           .min_sensitivity = values[2], .bandwidth_saving_pct = values[3],
+                           .loss_spike = spike[0] != 0};
+    if (numerics) {
+        for (int k = 0; k < PRISM_PRECISION_COUNT; k++)
+            out->blocks_by_precision[k] = (size_t)by_precision[k];
+    } else {
+        /* Before issue 17 a job had one low format: every low block was in it. */
+        out->blocks_by_precision[PRISM_PRECISION_BF16] = out->blocks_bf16;
+        if (low < PRISM_PRECISION_COUNT && low != PRISM_PRECISION_BF16)
+            out->blocks_by_precision[low] = out->blocks_low;
+    }
     return true;
 }
 
-/* Decodes a blob into records (windows in one array); false when it is damaged. */
-static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **out, size_t *count, double **windows)
+/* A decoded blocks blob: the records, the arrays their windows point into, and the job's numerics
+ * (W and the counters; empty for PRB1 and PRB2). */
+typedef struct decoded {
+    prism_block_record *recs;
+    size_t count;
+    double *windows, *saturated, *underflowed, *losses;
+    uint8_t *has;
+    uint32_t loss_len;
+    prism_policy_counters counters;
+} decoded;
+
+static void decoded_free(decoded *d)
+{
+    free(d->recs);
+    free(d->windows);
+    free(d->saturated);
+    free(d->underflowed);
+    free(d->losses);
+    free(d->has);
+    memset(d, 0, sizeof *d);
+}
+
+static bool fraction(double x)
+{
+    return x >= 0.0 && x <= 1.0; /* false for NaN */
+}
+
+/* Decodes a blob into d (PRB3, PRB2 or PRB1); false (d empty) when it is damaged: a short or long
+ * blob, a value out of its range (a precision, reason, candidate or flag; a loss not finite; a
+ * fraction outside [0, 1]). */
+static bool decode_blocks(const uint8_t *data, size_t len, decoded *d)
 {
     reader r = {data, len};
     char magic[4];
     uint32_t n;
-    *out = NULL;
-    *windows = NULL;
-    if (!get(&r, magic, 4) || (memcmp(magic, "PRB1", 4) != 0 && memcmp(magic, "PRB2", 4) != 0) || !get(&r, &n, 4))
+    memset(d, 0, sizeof *d);
+    if (!get(&r, magic, 4) || memcmp(magic, "PRB", 3) != 0 || magic[3] < '1' || magic[3] > '3' || !get(&r, &n, 4))
         return false;
-    bool has_scores = magic[3] == '2';
-    prism_block_record *recs = calloc(n ? n : 1, sizeof *recs);
-    /* Every window value takes 8 bytes of the blob, so the blob bounds the total. */
-    double *win = malloc(len + 8);
-    if (!recs || !win) {
-        free(recs);
-        free(win);
-        return false;
+    bool has_scores = magic[3] >= '2', numerics = magic[3] == '3';
+    /* Every window value and every figure takes at least 8 bytes of the blob (a has byte 1), so
+     * the blob bounds each array. */
+    d->recs = calloc(n ? n : 1, sizeof *d->recs);
+    d->windows = malloc(len + 8);
+    d->has = numerics ? malloc(len + 1) : NULL;
+    d->saturated = numerics ? malloc(len + 8) : NULL;
+    d->underflowed = numerics ? malloc(len + 8) : NULL;
+    d->losses = numerics ? malloc(len + 8) : NULL;
+    if (!d->recs || !d->windows || (numerics && (!d->has || !d->saturated || !d->underflowed || !d->losses)))
+        goto damaged;
+    if (numerics) {
+        uint64_t counters[3];
+        if (!get(&r, counters, sizeof counters) || !get(&r, &d->loss_len, 4) || d->loss_len > PRISM_LOSS_WINDOW_MAX ||
+            !get(&r, d->losses, d->loss_len * sizeof(double)))
+            goto damaged;
+        for (uint32_t k = 0; k < d->loss_len; k++)
+            if (!isfinite(d->losses[k]))
+                goto damaged;
+        d->counters = (prism_policy_counters){counters[0], counters[1], counters[2]};
     }
-    size_t used = 0;
+    size_t used = 0, figures_used = 0;
     for (uint32_t i = 0; i < n; i++) {
-        prism_block_record *rec = &recs[i];
+        prism_block_record *rec = &d->recs[i];
         uint8_t head[4];
         uint64_t last;
         if (!get(&r, &rec->view.id, 4) || !get(&r, head, 4) || !get(&r, &last, 8) ||
@@ -430,7 +542,7 @@ static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **
         rec->view.has_switch = head[2] & 1;
         rec->assigned = (head[2] & 2) != 0;
         rec->view.last_switch_step = last;
-        rec->window = win + used;
+        rec->window = d->windows + used;
         if (!get(&r, rec->window, rec->window_len * sizeof(double)))
             goto damaged;
         used += rec->window_len;
@@ -446,16 +558,42 @@ static bool decode_blocks(const uint8_t *data, size_t len, prism_block_record **
             rec->view.relative_magnitude = values[2];
             rec->view.error_score = values[3];
         }
+        if (!numerics)
+            continue; /* candidate BF16: prism_policy_restore shows the config's low format */
+        uint8_t head2[8];
+        uint64_t hold_until;
+        double fractions[2];
+        if (!get(&r, head2, sizeof head2) || !get(&r, &hold_until, 8) || !get(&r, fractions, sizeof fractions) ||
+            head2[0] >= PRISM_PRECISION_COUNT || head2[0] == PRISM_PRECISION_BF16 || head2[1] > 7 ||
+            !fraction(fractions[0]) || !fraction(fractions[1]))
+            goto damaged;
+        rec->view.candidate = (prism_precision)head2[0];
+        rec->view.held = head2[1] & 1;
+        rec->view.hold_until = hold_until;
+        rec->view.has_saturation = (head2[1] & 2) != 0;
+        rec->view.saturated_fraction = fractions[0];
+        rec->view.underflowed_fraction = fractions[1];
+        if (!(head2[1] & 4))
+            continue;
+        rec->window_has_saturation = d->has + figures_used;
+        rec->window_saturated = d->saturated + figures_used;
+        rec->window_underflowed = d->underflowed + figures_used;
+        if (!get(&r, rec->window_has_saturation, rec->window_len) ||
+            !get(&r, rec->window_saturated, rec->window_len * sizeof(double)) ||
+            !get(&r, rec->window_underflowed, rec->window_len * sizeof(double)))
+            goto damaged;
+        for (uint32_t k = 0; k < rec->window_len; k++)
+            if (rec->window_has_saturation[k] > 1 || !fraction(rec->window_saturated[k]) ||
+                !fraction(rec->window_underflowed[k]))
+                goto damaged;
+        figures_used += rec->window_len;
     }
     if (r.left != 0)
         goto damaged;
-    *out = recs;
-    *count = n;
-    *windows = win;
+    d->count = n;
     return true;
 damaged:
-    free(recs);
-    free(win);
+    decoded_free(d);
     return false;
 }
 
@@ -701,14 +839,15 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
             };
             job.decided_step = (uint64_t)sqlite3_column_int64(st, 5);
             job.effective_step = (uint64_t)sqlite3_column_int64(st, 6);
-            prism_block_record *recs = NULL;
-            double *windows = NULL;
-            size_t n = 0;
-            if (!decode_blocks(sqlite3_column_blob(st, 10), (size_t)sqlite3_column_bytes(st, 10), &recs, &n,
-                               &windows))
+            decoded d;
+            if (!decode_blocks(sqlite3_column_blob(st, 10), (size_t)sqlite3_column_bytes(st, 10), &d)) {
                 rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: the saved blocks are damaged", id);
-            else
-                rc = prism_policy_restore(policy, &progress, recs, n, err);
+            } else {
+                progress.counters = d.counters;
+                progress.loss_len = d.loss_len;
+                progress.losses = d.loss_len ? d.losses : NULL;
+                rc = prism_policy_restore(policy, &progress, d.recs, d.count, err);
+            }
             if (!rc && sqlite3_column_type(st, 11) != SQLITE_NULL) {
                 if (decode_summary(sqlite3_column_blob(st, 11), (size_t)sqlite3_column_bytes(st, 11), &job.summary,
                                    &job.decided_unix))
@@ -716,8 +855,7 @@ prism_status prismd_store_load_jobs(prismd_store *s, const prism_config *default
                 else
                     rc = prism_error_set(err, PRISM_ERR_INVALID, "store: job %s: the saved summary is damaged", id);
             }
-            free(recs);
-            free(windows);
+            decoded_free(&d);
         }
         if (rc) {
             prism_policy_destroy(policy);

@@ -26,17 +26,24 @@ import openapi_check  # noqa: E402
 JOB = "job-s"
 EVENTS = "/v1/jobs/%s/events" % JOB
 LOWER = (3.0, 1.0)  # block 1 is the less sensitive: the decision at step 2 puts it at int8, later ones keep it
-NO_DECISION = {"bandwidth_saving_pct": None, "last_decision_step": None, "last_decision_unix": None}
+NO_DECISION = {"bandwidth_saving_pct": None, "last_decision_step": None, "last_decision_unix": None,
+               "blocks_by_precision": None}
 
 
 def precisions(bf16=0, int8=0):
     return {"bf16": bf16, "fp8_e4m3": 0, "fp8_e5m2": 0, "int8": int8, "int4": 0}
 
 
+def by_precision(bf16=0, int8=0):
+    """The last decision's blocks_by_precision (issue 17): the wire enum's order."""
+    return {"bf16": bf16, "int8": int8, "fp8_e4m3": 0, "fp8_e5m2": 0, "int4": 0}
+
+
 def entry(**fields):
     """The job's entry of GET /v1/jobs: fields over one connected rank of world size 1, no step."""
     doc = {"job_id": JOB, "step": None, "map_version": 0, "decided_step": 0, "effective_step": 0,
-           "agents_connected": 1, "world_size": 1, "blocks": 0, "ranks_lagging": 0, "ranks_not_acked": 0,
+           "agents_connected": 1, "world_size": 1, "blocks": 0, "loss_spikes": 0, "loss_spike_decisions": 0,
+           "blocks_rolled_back": 0, "ranks_lagging": 0, "ranks_not_acked": 0,
            "precisions": precisions()}
     doc.update(NO_DECISION)
     doc.update(fields)
@@ -144,20 +151,23 @@ class JobsSummaryTest(unittest.TestCase):
         (_, first_time), = self.telemetry_timestamps(1)
         decided = entry(step=2, map_version=1, decided_step=2, effective_step=5, blocks=2, ranks_not_acked=1,
                         precisions=precisions(bf16=1, int8=1), bandwidth_saving_pct=25.0, last_decision_step=2,
-                        last_decision_unix=first_time)
+                        last_decision_unix=first_time, blocks_by_precision=by_precision(bf16=1, int8=1))
         got = self.job_entry()
         self.assertEqual(got, decided)
         # The plan's order: the new fields after ranks_not_acked, the precisions as listed.
         self.assertEqual(list(got), ["job_id", "step", "map_version", "decided_step", "effective_step",
-                                     "agents_connected", "world_size", "blocks", "ranks_lagging", "ranks_not_acked",
-                                     "precisions", "bandwidth_saving_pct", "last_decision_step", "last_decision_unix"])
+                                     "agents_connected", "world_size", "blocks", "loss_spikes",
+                                     "loss_spike_decisions", "blocks_rolled_back", "ranks_lagging", "ranks_not_acked",
+                                     "precisions", "bandwidth_saving_pct", "last_decision_step", "last_decision_unix",
+                                     "blocks_by_precision"])
         self.assertEqual(list(got["precisions"]), ["bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4"])
         # The decision's time is its telemetry timestamp, taken while the test waited for it.
         self.assertTrue(before <= first_time <= after, (before, first_time, after))
         # The block map answers share the job's fields but not these.
         blocks = json.loads(self.prismd.http("/v1/jobs/%s/blocks" % JOB)[1])
         self.assertEqual(set(blocks) & {"precisions", "bandwidth_saving_pct", "last_decision_step",
-                                        "last_decision_unix", "ranks_lagging", "ranks_not_acked"}, set())
+                                        "last_decision_unix", "ranks_lagging", "ranks_not_acked",
+                                        "blocks_by_precision"}, set())
 
         # The decision at step 4 changes nothing: the decision step moves, the map version does
         # not, and the stream says so with a decision event.
@@ -192,7 +202,8 @@ class JobsSummaryTest(unittest.TestCase):
                       last_decision_unix=t6)
         self.assertEqual(self.job_entry(), latest)
 
-        # The store holds the time as the summary's last f64 (PRS2). A summary saved before prismd
+        # The store holds the time as the summary's f64 after the sensitivities and saving (PRS3 then
+        # adds blocks_by_precision and loss_spike, issue 17). A summary saved before prismd
         # kept it (PRS1: the same less that f64) comes back with its step and saving, and a null
         # time, as the document says.
         self.restart()
@@ -202,8 +213,8 @@ class JobsSummaryTest(unittest.TestCase):
             (summary,), = db.execute("SELECT summary FROM job_state WHERE job_id = ?", (JOB,)).fetchall()
         finally:
             db.close()
-        self.assertEqual((summary[:4], len(summary)), (b"PRS2", 96))
-        self.assertEqual(struct.unpack("<d", summary[88:])[0], t6)
+        self.assertEqual((summary[:4], len(summary)), (b"PRS3", 144))
+        self.assertEqual(struct.unpack("<d", summary[88:96])[0], t6)
         self.assertEqual(self.job_entry(), dict(latest, agents_connected=0, ranks_not_acked=0))
         self.prismd.kill()
         db = sqlite3.connect(os.path.join(self.prismd.dir, "data", "prism.db"))

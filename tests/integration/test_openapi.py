@@ -114,14 +114,17 @@ class DocumentTest(unittest.TestCase):
 
     def test_the_validator_refuses_wrong_answers(self):
         job = {"job_id": "j", "step": 4, "map_version": 1, "decided_step": 2, "effective_step": 3,
-               "agents_connected": 1, "world_size": 1, "blocks": 2, "ranks_lagging": 0, "ranks_not_acked": 0,
+               "agents_connected": 1, "world_size": 1, "blocks": 2, "loss_spikes": 0, "loss_spike_decisions": 0,
+               "blocks_rolled_back": 0, "ranks_lagging": 0, "ranks_not_acked": 0,
                "precisions": {"bf16": 1, "fp8_e4m3": 0, "fp8_e5m2": 0, "int8": 1, "int4": 0},
-               "bandwidth_saving_pct": 25.0, "last_decision_step": 4, "last_decision_unix": 1764150000.125}
+               "bandwidth_saving_pct": 25.0, "last_decision_step": 4, "last_decision_unix": 1764150000.125,
+               "blocks_by_precision": {"bf16": 1, "int8": 1, "fp8_e4m3": 0, "fp8_e5m2": 0, "int4": 0}}
         ok = json.dumps({"jobs": [job]})
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", ok)
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", json.dumps({"jobs": [dict(job, step=None)]}))
         openapi_check.check("GET", "/v1/jobs", 200, "application/json", json.dumps({"jobs": [dict(
-            job, bandwidth_saving_pct=None, last_decision_step=None, last_decision_unix=None)]}))
+            job, bandwidth_saving_pct=None, last_decision_step=None, last_decision_unix=None,
+            blocks_by_precision=None)]}))
         openapi_check.check("HEAD", "/v1/jobs", 200, "application/json", "")
         error = json.dumps({"error": {"code": "not_found", "message": "job x does not exist"}})
         openapi_check.check("GET", "/v1/jobs/x/blocks", 404, "application/json", error)

@@ -14,22 +14,44 @@ export interface TelemetryPoint {
   meanSensitivity: number | null;
   minSensitivity: number | null;
   maxSensitivity: number | null;
-  /** blocks per precision: counted from block_details when present, else bf16 and the low format */
+  /**
+   * blocks per precision: from blocks_by_precision when the record has it (issue 17: a low format
+   * per block), else counted from block_details, else bf16 and the one low format of the summary
+   */
   counts: Record<string, number>;
 }
 
-/** One record's point. */
-export function toPoint(r: TelemetryRecord): TelemetryPoint {
+/** The name low blocks are counted under when a record says only "auto" (no breakdown). */
+export const LOW_ANY = "low";
+
+/**
+ * Blocks per precision of one record. blocks_by_precision first: it counts every block whatever
+ * the size of block_details. Its zero entries are left out (as a precision no block had). Under
+ * low_precision "auto" without a breakdown, the low blocks go under LOW_ANY: "auto" is not a
+ * precision and must not become a series of its own name.
+ */
+export function recordCounts(r: TelemetryRecord): Record<string, number> {
   const counts: Record<string, number> = {};
-  if (r.block_details && Object.keys(r.block_details).length > 0) {
+  const by = r.blocks_by_precision as Record<string, number> | undefined;
+  if (by && typeof by === "object") {
+    for (const k in by) if ((by[k] ?? 0) > 0) counts[k] = by[k]!;
+    if (Object.keys(counts).length === 0) counts["bf16"] = 0;
+  } else if (r.block_details && Object.keys(r.block_details).length > 0) {
     for (const id in r.block_details) {
       const p = r.block_details[id]!.precision;
       counts[p] = (counts[p] ?? 0) + 1;
     }
   } else {
+    const low = r.low_precision === "auto" ? LOW_ANY : r.low_precision;
     counts["bf16"] = r.blocks_bf16;
-    counts[r.low_precision] = (counts[r.low_precision] ?? 0) + r.blocks_int8;
+    counts[low] = (counts[low] ?? 0) + r.blocks_int8;
   }
+  return counts;
+}
+
+/** One record's point. */
+export function toPoint(r: TelemetryRecord): TelemetryPoint {
+  const counts = recordCounts(r);
   return {
     step: r.step_id,
     timestamp: r.timestamp,

@@ -135,3 +135,13 @@ test("history since: as many decisions as fit the byte budget, 20 to 5,000 of th
   assert.equal(historySince(null, 96, 10, MB32), 0);
   assert.equal(historySince(1000, 96, 0, MB32), 0, "an interval below 1 counts as 1");
 });
+
+test("blocks_by_precision gives the counts when a record has it; auto is never a precision", () => {
+  const by = { bf16: 3, int8: 0, fp8_e4m3: 1, fp8_e5m2: 0, int4: 1 };
+  assert.deepEqual(toPoint(record(30, { low_precision: "auto", blocks_by_precision: by })).counts, { bf16: 3, fp8_e4m3: 1, int4: 1 });
+  const { block_details: _, ...bare } = record(40, { low_precision: "auto", blocks_bf16: 4, blocks_int8: 2 });
+  assert.deepEqual(toPoint(bare).counts, { bf16: 4, low: 2 });
+  const s = chartSeries([toPoint(record(30, { low_precision: "auto", blocks_by_precision: by })), toPoint(record(40))]);
+  assert.deepEqual(s.precisions, ["bf16", "fp8_e4m3", "int4"]);
+  assert.deepEqual(s.perPrecision, [[3, 2], [1, 0], [1, 1]]);
+});

@@ -8,6 +8,7 @@ import { h, replace, source, table } from "../dom";
 import { DASH, num } from "../format";
 import { PRECISIONS, precisionColour } from "../palette";
 import { type BlockPoint, type ThresholdBands, historySince, mergePoints, precisionRank, thresholdBands, toBlockPoint } from "../series";
+import { fractionPct } from "../numerics";
 import { flipHint } from "../policy";
 import type { BlockDetail, Config } from "../types";
 import { jobPath } from "../url";
@@ -110,6 +111,10 @@ export function blockView(ctx: ViewContext, job: string, id: number): View {
       row("relative magnitude", f(b.relative_magnitude)),
       row("last switch", b.last_switch_step === null ? "never" : `step ${num(b.last_switch_step)} (${b.reason})`),
       row("forced", b.forced ? "yes (override)" : "no"),
+      row("candidate format", b.candidate),
+      b.hold_until !== null ? row("held (loss spike) until", `step ${num(b.hold_until)}`) : null,
+      b.saturated_fraction !== undefined ? row("saturated", fractionPct(b.saturated_fraction)) : null,
+      b.underflowed_fraction !== undefined ? row("underflowed", fractionPct(b.underflowed_fraction)) : null,
       row(
         "next switch",
         flipHint(b, {

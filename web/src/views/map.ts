@@ -3,7 +3,7 @@
  * arithmetic on the grid (grid.ts). The canvas is an image to assistive technology, with a
  * text summary beside it. */
 import { getJson } from "../api";
-import { h, replace, source } from "../dom";
+import { h, replace, source, table } from "../dom";
 import { DASH, num, pct } from "../format";
 import { type GridLayout, cellAt, cellCentre, cellOrigin, gridLayout } from "../grid";
 import {
@@ -16,6 +16,7 @@ import {
   levelBrightness,
   precisionColour,
 } from "../palette";
+import { NUMERICS_ROWS_MAX, fractionPct, hasFigures, numericsRows } from "../numerics";
 import { type FlipRules, flipHint } from "../policy";
 import { thresholdBands } from "../series";
 import type { Block, BlockMap, Config } from "../types";
@@ -54,6 +55,10 @@ function tooltipContent(b: Block, rules: FlipRules | null): HTMLElement[] {
     row("relative magnitude", fixed(b.relative_magnitude)),
     row("last switch", b.last_switch_step === null ? "never" : `step ${num(b.last_switch_step)} (${b.reason})`),
     row("forced", b.forced ? "yes (override)" : "no"),
+    row("candidate format", b.candidate),
+    b.hold_until !== null ? row("held (loss spike) until", `step ${num(b.hold_until)}`) : null,
+    b.saturated_fraction !== undefined ? row("saturated", fractionPct(b.saturated_fraction)) : null,
+    b.underflowed_fraction !== undefined ? row("underflowed", fractionPct(b.underflowed_fraction)) : null,
     rules ? h("div", { class: "tt-flip" }, flipHint(b, rules)) : null,
   ].filter((e): e is HTMLDivElement => e !== null);
 }
@@ -69,7 +74,8 @@ export function mapView(ctx: ViewContext, job: string): View {
   const found = h("span", { class: "muted", "aria-live": "polite" });
   const finder = h("div", { class: "find" }, h("label", { for: "block-find" }, "Outline blocks whose name contains"), find, found);
   const wrap = h("div", { class: "map-wrap" }, canvas, hover);
-  replace(ctx.body, h("section", { class: "panel" }, h("div", { class: "panel-head" }, stats, source(jobPath(job, "blocks"))), legend, summary, finder, wrap), tooltip);
+  const numerics = h("section", { id: "numerics", class: "panel", "aria-label": "low formats and numerics" });
+  replace(ctx.body, h("section", { class: "panel" }, h("div", { class: "panel-head" }, stats, source(jobPath(job, "blocks"))), legend, summary, finder, wrap), numerics, tooltip);
 
   let blocks: Block[] = [];
   let colours: string[] = [];
@@ -259,6 +265,51 @@ export function mapView(ctx: ViewContext, job: string): View {
           ". Hover a cell for its figures, click it (or Enter) for its history.";
   };
 
+  /* The blocks the numerics rules concern (numerics.ts): format (its colour), reason, candidate,
+   * hold and, when some block has figures, SAT and UNDER. Hidden when no block is listed. */
+  const drawNumerics = (m: BlockMap) => {
+    const { rows, total } = numericsRows(m.blocks);
+    numerics.hidden = total === 0;
+    if (total === 0) return replace(numerics);
+    const figures = hasFigures(m.blocks);
+    const headers = [
+      { label: "block" },
+      { label: "format" },
+      { label: "reason", title: "why its precision last changed" },
+      { label: "candidate", title: "the low format it would get now" },
+      { label: "held until", num: true, title: "a loss spike's hold: no score move to low before this step" },
+      ...(figures
+        ? [
+            { label: "sat", num: true, title: "saturated fraction: mean over its window" },
+            { label: "under", num: true, title: "underflowed fraction: mean over its window" },
+          ]
+        : []),
+    ];
+    const t = table("numerics-table", "Blocks in a low format or moved by the numerics rules", headers);
+    const swatch = (p: string) => h("span", { class: "swatch", style: `background:${precisionColour(p)}` });
+    for (const b of rows) {
+      t.body.append(
+        h(
+          "tr",
+          { "data-block": b.id, "data-precision": b.precision },
+          h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(job)}/blocks/${b.id}` }, blockName(b))),
+          h("td", { class: "format" }, swatch(b.precision), ` ${b.precision}`),
+          h("td", null, b.reason),
+          h("td", null, swatch(b.candidate), ` ${b.candidate}`),
+          h("td", { class: "num" }, b.hold_until === null ? DASH : num(b.hold_until)),
+          figures ? h("td", { class: "num" }, fractionPct(b.saturated_fraction)) : null,
+          figures ? h("td", { class: "num" }, fractionPct(b.underflowed_fraction)) : null,
+        ),
+      );
+    }
+    replace(
+      numerics,
+      h("h2", null, "Low formats and numerics"),
+      t.table,
+      total > rows.length ? h("p", { class: "muted" }, `${num(total - rows.length)} more not shown (the ${NUMERICS_ROWS_MAX} most saturated, then by id)`) : null,
+    );
+  };
+
   probe = {
     cellCenter(i) {
       if (i < 0 || i >= blocks.length) return null;
@@ -297,6 +348,7 @@ export function mapView(ctx: ViewContext, job: string): View {
         blocks: m.blocks.length,
       });
       drawText(m);
+      drawNumerics(m);
       draw();
       ctx.ready();
     },
