@@ -80,7 +80,9 @@ PRISM_ABI(offsetof(prism_transfer_options, backend) == 0 && offsetof(prism_trans
 PRISM_ABI(offsetof(prism_transfer_options, staging_buffers) == 8 &&
           offsetof(prism_transfer_options, max_block_bytes) == 16);
 PRISM_ABI(offsetof(prism_transfer_options, quant) == 24 && offsetof(prism_transfer_options, conductor) == 32);
-PRISM_ABI(sizeof(prism_transfer_options) == 40);
+PRISM_ABI(offsetof(prism_transfer_options, scale_mode) == 40 &&
+          offsetof(prism_transfer_options, amax_history_len) == 44);
+PRISM_ABI(offsetof(prism_transfer_options, scale_margin) == 48 && sizeof(prism_transfer_options) == 56);
 PRISM_ABI(offsetof(prism_transfer_ticket, seq) == 0 && offsetof(prism_transfer_ticket, verdict) == 8);
 PRISM_ABI(sizeof(prism_transfer_ticket) == 16);
 PRISM_ABI(offsetof(prism_transfer_counters, fetches) == 0 && offsetof(prism_transfer_counters, wire_bytes) == 40);
@@ -88,4 +90,7 @@ PRISM_ABI(offsetof(prism_transfer_counters, bf16_bytes) == 80 && offsetof(prism_
 PRISM_ABI(offsetof(prism_transfer_counters, refused) == 128 && offsetof(prism_transfer_counters, demand_waits) == 168);
 PRISM_ABI(offsetof(prism_transfer_counters, demand_over_limit) == 176 &&
           offsetof(prism_transfer_counters, prepares) == 184);
-PRISM_ABI(offsetof(prism_transfer_counters, nonfinite) == 192 && sizeof(prism_transfer_counters) == 200);
+PRISM_ABI(offsetof(prism_transfer_counters, nonfinite) == 192 && offsetof(prism_transfer_counters, quantized) == 200);
+PRISM_ABI(offsetof(prism_transfer_counters, saturated) == 240 &&
+          offsetof(prism_transfer_counters, underflowed) == 280);
+PRISM_ABI(sizeof(prism_transfer_counters) == 320);

@@ -7,6 +7,7 @@
 #endif
 #include "process_totals.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +18,18 @@ typedef struct transfer_image {
     size_t bytes;
     size_t code_bytes;
     size_t scales_offset;
+    size_t groups; /* scales in the image */
     bool valid; /* made from the block's current weights */
+    /* The last prepare's counts and elements (0 when none since registration / set_scale_mode). */
+    prism_quant_counts counts;
+    size_t counted_numel;
+    /* DELAYED: a ring of the last hist_count (at most the engine's hist_len) prepares' per-group
+     * amax, groups floats each; hist_next is the slot the next prepare writes. */
+    float *hist;
+    uint32_t hist_count;
+    uint32_t hist_next;
+    /* STATIC: the scales of the first prepare, groups floats; NULL until it is made. */
+    float *static_scales;
 } transfer_image;
 
 typedef struct transfer_block {
@@ -37,6 +49,11 @@ struct prism_transfer {
     size_t capacity;
     uint64_t seq; /* the last transfer issued */
     prism_transfer_counters counters;
+    prism_transfer_scale_mode scale_mode;
+    uint32_t hist_len;  /* DELAYED: prepares of amax history */
+    int32_t margin;     /* DELAYED: 2^margin */
+    float *scratch;     /* a prepare's per-group amax (DELAYED), scratch_cap floats */
+    size_t scratch_cap;
 #ifdef PRISM_TRANSFER_HAVE_CUDA
     transfer_cuda *cu;
 #endif
@@ -114,8 +131,27 @@ static prism_status image_layout(const prism_transfer *t, prism_precision p, siz
         return st;
     }
     img->code_bytes = code_bytes;
+    img->groups = groups;
     img->scales_offset = round_up(code_bytes, 16);
     img->bytes = img->scales_offset + groups * sizeof(float);
+    return PRISM_OK;
+}
+
+/* The scale options' ranges (those of the config keys scale_mode, amax_history_len and
+ * scale_margin; amax_history_len 0 stands for the default). */
+static prism_status check_scale_options(prism_transfer_scale_mode mode, uint32_t hist_len, int32_t margin,
+                                        prism_error *err)
+{
+    if ((unsigned)mode >= PRISM_TRANSFER_SCALE_MODE_COUNT)
+        return prism_error_set(err, PRISM_ERR_INVALID,
+                               "scale_mode: %d is not current (0), pow2 (1), delayed (2) or static (3)",
+                               (int)mode);
+    if (hist_len > PRISM_TRANSFER_AMAX_HISTORY_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "amax_history_len: %u is above %d", (unsigned)hist_len,
+                               PRISM_TRANSFER_AMAX_HISTORY_MAX);
+    if (margin < -PRISM_TRANSFER_SCALE_MARGIN_MAX || margin > PRISM_TRANSFER_SCALE_MARGIN_MAX)
+        return prism_error_set(err, PRISM_ERR_INVALID, "scale_margin: %d is outside -%d to %d", (int)margin,
+                               PRISM_TRANSFER_SCALE_MARGIN_MAX, PRISM_TRANSFER_SCALE_MARGIN_MAX);
     return PRISM_OK;
 }
 
@@ -138,6 +174,9 @@ prism_status prism_transfer_create(const prism_transfer_options *o, prism_transf
     if (o->max_block_bytes < 2)
         return prism_error_set(err, PRISM_ERR_INVALID,
                                "max_block_bytes: %zu is less than one BF16 element", o->max_block_bytes);
+    prism_status st = check_scale_options(o->scale_mode, o->amax_history_len, o->scale_margin, err);
+    if (st != PRISM_OK)
+        return st;
 #ifndef PRISM_TRANSFER_HAVE_CUDA
     if (o->backend == PRISM_TRANSFER_CUDA)
         return prism_error_set(err, PRISM_ERR_UNAVAILABLE, "backend: this build of Prism has no CUDA");
@@ -152,7 +191,7 @@ prism_status prism_transfer_create(const prism_transfer_options *o, prism_transf
     if (spec.granularity == PRISM_GRANULARITY_BLOCK && spec.group == 0)
         spec.group = PRISM_QUANT_BLOCK_DEFAULT;
     /* The enums and the group; whether a row length divides a block is checked per block. */
-    prism_status st = prism_quant_layout(&spec, spec.granularity == PRISM_GRANULARITY_ROW ? spec.group : 1,
+    st = prism_quant_layout(&spec, spec.granularity == PRISM_GRANULARITY_ROW ? spec.group : 1,
                                          NULL, NULL, NULL, err);
     if (st != PRISM_OK) {
         prism_error_prefix(err, "quant");
@@ -165,6 +204,9 @@ prism_status prism_transfer_create(const prism_transfer_options *o, prism_transf
     t->spec = spec;
     t->max_numel = o->max_block_bytes / 2;
     t->conductor = o->conductor;
+    t->scale_mode = o->scale_mode;
+    t->hist_len = o->amax_history_len ? o->amax_history_len : PRISM_TRANSFER_AMAX_HISTORY_DEFAULT;
+    t->margin = o->scale_margin;
 #ifdef PRISM_TRANSFER_HAVE_CUDA
     if (t->backend == PRISM_TRANSFER_CUDA) {
         /* A staging buffer holds the largest image: 8-bit codes (padded) and a scale per group. */
@@ -225,10 +267,14 @@ void prism_transfer_destroy(prism_transfer *t)
     for (size_t i = 0; i < t->capacity; i++) {
         transfer_block *b = &t->blocks[i];
         host_free(t, b->host);
-        for (int p = 0; p < PRISM_PRECISION_COUNT; p++)
+        for (int p = 0; p < PRISM_PRECISION_COUNT; p++) {
             host_free(t, b->img[p].data);
+            free(b->img[p].hist);
+            free(b->img[p].static_scales);
+        }
     }
     free(t->blocks);
+    free(t->scratch);
 #ifdef PRISM_TRANSFER_HAVE_CUDA
     if (t->cu)
         transfer_cuda_destroy(t->cu);
@@ -326,7 +372,74 @@ prism_status prism_transfer_update_block(prism_transfer *t, uint32_t block_id,
     return PRISM_OK;
 }
 
-/* Makes the block's image for p from its weights, unless it is already made. */
+/* A scratch buffer of n floats owned by the engine (grown as needed, never shrunk). */
+static prism_status scratch(prism_transfer *t, size_t n, float **out, prism_error *err)
+{
+    if (n > t->scratch_cap) {
+        float *grown = realloc(t->scratch, n * sizeof *grown);
+        if (!grown)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "amax scratch: %zu floats not available", n);
+        t->scratch = grown;
+        t->scratch_cap = n;
+    }
+    *out = t->scratch;
+    return PRISM_OK;
+}
+
+/* DELAYED: the scales from the history (or, when it is empty, from a first pass over x), one
+ * pass that makes the codes and this prepare's amax, and that amax pushed into the history. */
+static prism_status quantize_delayed(prism_transfer *t, transfer_image *img, const prism_quant_spec *spec,
+                                     const prism_tensor *x, float *scales, prism_quant_counts *counts,
+                                     prism_error *err)
+{
+    size_t g_count = img->groups;
+    if (!img->hist) {
+        if (g_count > SIZE_MAX / sizeof(float) / t->hist_len)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: too large");
+        img->hist = malloc((size_t)t->hist_len * g_count * sizeof(float));
+        if (!img->hist)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: %zu floats not available",
+                                   (size_t)t->hist_len * g_count);
+        img->hist_count = 0;
+        img->hist_next = 0;
+    }
+    float *amax = NULL;
+    prism_status st = scratch(t, g_count, &amax, err);
+    if (st != PRISM_OK)
+        return st;
+    if (img->hist_count == 0) {
+        /* No history: this prepare's own amax, found by a pass whose codes are thrown away (the
+         * scale 1 is valid for every group; the second pass overwrites the codes). */
+        for (size_t g = 0; g < g_count; g++)
+            scales[g] = 1.0f;
+        st = prism_quantize_scaled_cpu(spec, x, scales, img->data, amax, NULL, err);
+        if (st != PRISM_OK)
+            return st;
+        for (size_t g = 0; g < g_count; g++)
+            scales[g] = prism_quant_scale_delayed(amax[g], t->margin, spec->format);
+    } else {
+        for (size_t g = 0; g < g_count; g++) {
+            float m = 0.0f;
+            for (uint32_t h = 0; h < img->hist_count; h++) {
+                float v = img->hist[(size_t)h * g_count + g];
+                if (v > m)
+                    m = v;
+            }
+            scales[g] = prism_quant_scale_delayed(m, t->margin, spec->format);
+        }
+    }
+    st = prism_quantize_scaled_cpu(spec, x, scales, img->data, amax, counts, err);
+    if (st != PRISM_OK)
+        return st;
+    memcpy(img->hist + (size_t)img->hist_next * g_count, amax, g_count * sizeof(float));
+    img->hist_next = (img->hist_next + 1) % t->hist_len;
+    if (img->hist_count < t->hist_len)
+        img->hist_count++;
+    return PRISM_OK;
+}
+
+/* Makes the block's image for p from its weights under the engine's scale mode, unless it is
+ * already made, and keeps the prepare's counts (block and engine totals). */
 static prism_status prepare_image(prism_transfer *t, transfer_block *b, prism_precision p,
                                   prism_error *err)
 {
@@ -342,16 +455,49 @@ static prism_status prepare_image(prism_transfer *t, transfer_block *b, prism_pr
     }
     prism_quant_spec spec = t->spec;
     spec.format = p;
+    if (t->scale_mode == PRISM_TRANSFER_SCALE_POW2)
+        spec.scale_mode = PRISM_SCALE_POW2;
     prism_tensor x = {b->host, b->numel, PRISM_DTYPE_BF16};
-    uint64_t nonfinite = 0;
+    float *scales = (float *)(void *)(img->data + img->scales_offset);
+    prism_quant_counts counts = {0};
     memset(img->data + img->code_bytes, 0, img->scales_offset - img->code_bytes);
-    prism_status st = prism_quantize_cpu(&spec, &x, img->data, (float *)(void *)(img->data + img->scales_offset),
-                                         &nonfinite, err);
+    prism_status st = PRISM_OK;
+    switch (t->scale_mode) {
+    case PRISM_TRANSFER_SCALE_DELAYED:
+        st = quantize_delayed(t, img, &spec, &x, scales, &counts, err);
+        break;
+    case PRISM_TRANSFER_SCALE_STATIC:
+        if (img->static_scales) {
+            st = prism_quantize_scaled_cpu(&spec, &x, img->static_scales, img->data, NULL, &counts, err);
+            if (st == PRISM_OK)
+                memcpy(scales, img->static_scales, img->groups * sizeof(float));
+            break;
+        }
+        img->static_scales = malloc(img->groups * sizeof(float));
+        if (!img->static_scales)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "static scales: %zu floats not available", img->groups);
+        st = prism_quantize_counted_cpu(&spec, &x, img->data, scales, &counts, err);
+        if (st == PRISM_OK)
+            memcpy(img->static_scales, scales, img->groups * sizeof(float));
+        else {
+            free(img->static_scales);
+            img->static_scales = NULL;
+        }
+        break;
+    default: /* CURRENT, POW2 */
+        st = prism_quantize_counted_cpu(&spec, &x, img->data, scales, &counts, err);
+        break;
+    }
     if (st != PRISM_OK)
         return st;
     img->valid = true;
+    img->counts = counts;
+    img->counted_numel = b->numel;
     t->counters.prepares++;
-    t->counters.nonfinite += nonfinite;
+    t->counters.nonfinite += counts.nonfinite;
+    t->counters.quantized[p] += b->numel;
+    t->counters.saturated[p] += counts.saturated;
+    t->counters.underflowed[p] += counts.underflowed;
     return PRISM_OK;
 }
 
@@ -602,4 +748,74 @@ prism_status prism_transfer_ticket_wait_stream(prism_transfer *t, const prism_tr
 void prism_transfer_get_counters(const prism_transfer *t, prism_transfer_counters *out)
 {
     *out = t->counters;
+}
+
+prism_status prism_transfer_set_scale_mode(prism_transfer *t, prism_transfer_scale_mode mode,
+                                           uint32_t amax_history_len, int32_t scale_margin,
+                                           prism_error *err)
+{
+    if (!t)
+        return prism_error_set(err, PRISM_ERR_INVALID, "transfer: NULL");
+    prism_status st = check_scale_options(mode, amax_history_len, scale_margin, err);
+    if (st != PRISM_OK)
+        return st;
+    uint32_t hist_len = amax_history_len ? amax_history_len : PRISM_TRANSFER_AMAX_HISTORY_DEFAULT;
+    if (mode == t->scale_mode && hist_len == t->hist_len && scale_margin == t->margin)
+        return PRISM_OK;
+#ifdef PRISM_TRANSFER_HAVE_CUDA
+    /* Images about to be made again may still be on their way to the GPU. */
+    if (t->backend == PRISM_TRANSFER_CUDA) {
+        st = transfer_cuda_synchronize(t->cu, err);
+        if (st == PRISM_OK)
+            st = reap(t, err);
+        if (st != PRISM_OK)
+            return st;
+    }
+#endif
+    for (size_t i = 0; i < t->capacity; i++) {
+        transfer_block *b = &t->blocks[i];
+        if (!b->present)
+            continue;
+        for (int p = 1; p < PRISM_PRECISION_COUNT; p++) {
+            transfer_image *img = &b->img[p];
+            img->valid = false;
+            img->counts = (prism_quant_counts){0};
+            img->counted_numel = 0;
+            free(img->hist);
+            img->hist = NULL;
+            img->hist_count = 0;
+            img->hist_next = 0;
+            free(img->static_scales);
+            img->static_scales = NULL;
+        }
+    }
+    t->scale_mode = mode;
+    t->hist_len = hist_len;
+    t->margin = scale_margin;
+    return PRISM_OK;
+}
+
+prism_status prism_transfer_block_counts(const prism_transfer *t, uint32_t block_id,
+                                         prism_precision precision, prism_quant_counts *counts,
+                                         size_t *numel, prism_error *err)
+{
+    transfer_block *b = NULL;
+    prism_status st = find_block(t, block_id, &b, err);
+    if (st == PRISM_OK)
+        st = check_precision(precision, err);
+    if (st != PRISM_OK)
+        return st;
+    if (precision == PRISM_PRECISION_BF16)
+        return prism_error_set(err, PRISM_ERR_INVALID, "precision: bf16 is not quantized");
+    if (counts)
+        *counts = b->img[precision].counts;
+    if (numel)
+        *numel = b->img[precision].counted_numel;
+    return PRISM_OK;
+}
+
+const char *prism_transfer_scale_mode_name(prism_transfer_scale_mode mode)
+{
+    static const char *const names[PRISM_TRANSFER_SCALE_MODE_COUNT] = {"current", "pow2", "delayed", "static"};
+    return (unsigned)mode < PRISM_TRANSFER_SCALE_MODE_COUNT ? names[mode] : "?";
 }

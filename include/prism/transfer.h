@@ -8,8 +8,9 @@
  *         and returns without waiting for the GPU (see prism_transfer_fetch).
  *   CPU   for machines without a GPU: "device memory" is host memory, and a fetch is a memcpy
  *         (BF16) or prism_dequantize_cpu (codes + scales to BF16), done before the call returns.
- * Both give the same bytes: the codes and scales are made on the host by prism_quantize_cpu in
- * either case, and prism_dequantize_cuda is bit-identical to prism_dequantize_cpu.
+ * Both give the same bytes: the codes and scales are made on the host by the CPU kernels in
+ * either case (the scale mode's, see prism_transfer_scale_mode), and prism_dequantize_cuda is
+ * bit-identical to prism_dequantize_cpu.
  *
  * Threads: an engine and its Conductor belong to one thread (the training thread); nothing here
  * takes a lock. */
@@ -161,9 +162,9 @@ const char *prism_conductor_phase_name(prism_conductor_phase p);
  * The transfer engine
  *
  * Host blocks: prism_transfer_add_block copies a block's BF16 weights into host memory the
- * engine owns (pinned on CUDA). The codes + scales of a low precision are made from it by
- * prism_quantize_cpu the first time that precision is asked for (or by prism_transfer_prepare)
- * and kept until prism_transfer_update_block says the weights changed. A block's quantized
+ * engine owns (pinned on CUDA). The codes + scales of a low precision are made from it by the
+ * CPU kernels, under the engine's scale mode, the first time that precision is asked for (or by
+ * prism_transfer_prepare) and kept until prism_transfer_update_block says the weights changed. A block's quantized
  * image, the bytes that cross the bus, is its codes, zero-padded to a multiple of 16 bytes, then
  * its FP32 scales; its BF16 image is the numel * 2 bytes of the block.
  *
@@ -203,6 +204,36 @@ typedef enum prism_transfer_backend {
 #define PRISM_TRANSFER_MAX_STAGING 8
 #define PRISM_TRANSFER_MAX_BLOCKS (1u << 20) /* block ids 0 .. 2^20 - 1 (the hint table's limit) */
 
+/* How the scales of a block's low-precision image are chosen (DESIGN 4.7, the config key
+ * scale_mode; the same values as prism.v1.ScaleMode and prism_client_state.scale_mode):
+ *   CURRENT  from the block's current amax per group, as quant->scale_mode says (FP32 by
+ *            default): prism_quantize_counted_cpu.
+ *   POW2     the same with the scale rounded up to a power of two (Scalify).
+ *   DELAYED  per block and precision, a history of the per-group amax of the last
+ *            amax_history_len prepares of that image; the scale of group g is
+ *            prism_quant_scale_delayed(max over the history of g's amax, scale_margin, format),
+ *            and one pass of prism_quantize_scaled_cpu makes the codes and gives this prepare's
+ *            amax, which then enters the history (the oldest leaves when it is full). The first
+ *            prepare (empty history) takes one pass more to find its own amax and uses
+ *            prism_quant_scale_delayed(that amax, scale_margin, format): with margin 0 the
+ *            CURRENT (FP32) scales.
+ *   STATIC   the scales of the image's first prepare (made as CURRENT, from the weights the
+ *            block has then, its amax when registered), kept for the run: later prepares are
+ *            prism_quantize_scaled_cpu with those scales, so weights that grow saturate.
+ * Every prepare keeps its prism_quant_counts (prism_transfer_block_counts), and the counters
+ * sum them per precision. */
+typedef enum prism_transfer_scale_mode {
+    PRISM_TRANSFER_SCALE_CURRENT = 0,
+    PRISM_TRANSFER_SCALE_POW2 = 1,
+    PRISM_TRANSFER_SCALE_DELAYED = 2,
+    PRISM_TRANSFER_SCALE_STATIC = 3
+} prism_transfer_scale_mode;
+
+#define PRISM_TRANSFER_SCALE_MODE_COUNT 4
+#define PRISM_TRANSFER_AMAX_HISTORY_DEFAULT 16
+#define PRISM_TRANSFER_AMAX_HISTORY_MAX 1024 /* the config key's range: 1 to 1024 */
+#define PRISM_TRANSFER_SCALE_MARGIN_MAX 32   /* the config key's range: -32 to 32 */
+
 typedef struct prism_transfer_options {
     prism_transfer_backend backend;
     int device;                    /* CUDA: the device index; CPU: ignored */
@@ -212,6 +243,9 @@ typedef struct prism_transfer_options {
                                       block of 128, FP32 scales, nearest rounding */
     prism_conductor *conductor;    /* borrowed, outlives the engine; NULL: no limits, every
                                       prefetch in a window of any size starts */
+    prism_transfer_scale_mode scale_mode; /* 0: CURRENT (zero-initialised options are today's) */
+    uint32_t amax_history_len;     /* DELAYED: prepares of history, 1 to 1024; 0: 16 */
+    int32_t scale_margin;          /* DELAYED: the scale times 2^scale_margin, -32 to 32 */
 } prism_transfer_options;
 
 /* Handed back by a fetch; small, copied by value. */
@@ -230,6 +264,11 @@ typedef struct prism_transfer_counters {
     uint64_t demand_over_limit; /* demand fetches that took a slot above the limit */
     uint64_t prepares;          /* quantized images made (first ask, or after an update) */
     uint64_t nonfinite;         /* NaN/Inf elements met while preparing (sent as code 0) */
+    /* What the prepares quantized, per precision ([BF16] is 0): elements, and of those the
+     * saturated and underflowed ones (prism_quant_counts, summed over the prepares). */
+    uint64_t quantized[PRISM_PRECISION_COUNT];
+    uint64_t saturated[PRISM_PRECISION_COUNT];
+    uint64_t underflowed[PRISM_PRECISION_COUNT];
 } prism_transfer_counters;
 
 /* An engine. PRISM_ERR_INVALID names the option at fault; a CUDA backend in a build without
@@ -297,6 +336,27 @@ prism_status prism_transfer_ticket_wait_stream(prism_transfer *t, const prism_tr
 prism_status prism_transfer_synchronize(prism_transfer *t, prism_error *err);
 
 void prism_transfer_get_counters(const prism_transfer *t, prism_transfer_counters *out);
+
+/* A new scale mode mid-run (the job's config changed): checked as the options are (bad values
+ * change nothing, PRISM_ERR_INVALID names the field; amax_history_len 0 is 16). Every image is
+ * made again at its next use, every amax history and static scale is forgotten (they start
+ * afresh under the new mode), and the blocks' last counts are cleared. On CUDA, first waits
+ * (host) for copies still reading the images. Setting the mode in force changes nothing. */
+prism_status prism_transfer_set_scale_mode(prism_transfer *t, prism_transfer_scale_mode mode,
+                                           uint32_t amax_history_len, int32_t scale_margin,
+                                           prism_error *err);
+
+/* The counts of the last prepare of the block's image in precision (not BF16), and in *numel the
+ * elements it quantized (the block's numel); both 0 when the image has not been made since the
+ * block was registered or the scale mode set. A prepare is made at the first ask after
+ * add_block / update_block / set_scale_mode, so a trainer that updates each block once a step
+ * reads that step's figures here. Either output may be NULL. */
+prism_status prism_transfer_block_counts(const prism_transfer *t, uint32_t block_id,
+                                         prism_precision precision, prism_quant_counts *counts,
+                                         size_t *numel, prism_error *err);
+
+/* "current", "pow2", "delayed", "static"; "?" out of range. */
+const char *prism_transfer_scale_mode_name(prism_transfer_scale_mode mode);
 
 #ifdef __cplusplus
 }

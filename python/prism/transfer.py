@@ -21,13 +21,16 @@ from . import _lib
 PRECISIONS = ("bf16", "int8", "fp8_e4m3", "fp8_e5m2", "int4")
 _GRANULARITIES = {"tensor": 0, "row": 1, "block": 2}
 _SCALES = {"fp32": 0, "pow2": 1}
+# prism_transfer_scale_mode by value: the names of the config key scale_mode (DESIGN 4.7).
+SCALE_MODES = ("current", "pow2", "delayed", "static")
 VERDICTS = ("allow", "optimizer", "pressure", "window", "slots")
 
 
 class TransferOptions(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int), ("device", ctypes.c_int), ("staging_buffers", ctypes.c_uint),
                 ("max_block_bytes", ctypes.c_size_t), ("quant", ctypes.POINTER(_lib.QuantSpec)),
-                ("conductor", ctypes.c_void_p)]
+                ("conductor", ctypes.c_void_p), ("scale_mode", ctypes.c_int),
+                ("amax_history_len", ctypes.c_uint32), ("scale_margin", ctypes.c_int32)]
 
 
 class Ticket(ctypes.Structure):
@@ -38,7 +41,9 @@ _N = 5
 _COUNTERS = [("fetches", ctypes.c_uint64 * _N), ("wire_bytes", ctypes.c_uint64 * _N),
              ("bf16_bytes", ctypes.c_uint64 * _N), ("prefetches", ctypes.c_uint64),
              ("refused", ctypes.c_uint64 * _N), ("demand_waits", ctypes.c_uint64),
-             ("demand_over_limit", ctypes.c_uint64), ("prepares", ctypes.c_uint64), ("nonfinite", ctypes.c_uint64)]
+             ("demand_over_limit", ctypes.c_uint64), ("prepares", ctypes.c_uint64), ("nonfinite", ctypes.c_uint64),
+             ("quantized", ctypes.c_uint64 * _N), ("saturated", ctypes.c_uint64 * _N),
+             ("underflowed", ctypes.c_uint64 * _N)]
 
 
 class TransferCounters(ctypes.Structure):
@@ -62,6 +67,9 @@ PROTOTYPES = {
     "prism_transfer_ticket_wait_stream": (_st, [_vp, _P(Ticket), _vp, _errp]),
     "prism_transfer_synchronize": (_st, [_vp, _errp]),
     "prism_transfer_get_counters": (None, [_vp, _P(TransferCounters)]),
+    "prism_transfer_set_scale_mode": (_st, [_vp, ctypes.c_int, ctypes.c_uint32, ctypes.c_int32, _errp]),
+    "prism_transfer_block_counts": (_st, [_vp, ctypes.c_uint32, ctypes.c_int, _P(_lib.QuantCounts),
+                                          _P(ctypes.c_size_t), _errp]),
 }
 
 
@@ -118,6 +126,20 @@ def _destination(dst):
     return int(iface["data"][0]), int(shape[0]), "cuda"
 
 
+def _scale_options(scale_mode, amax_history_len, scale_margin):
+    """(mode value, history length, margin) checked for type; the ranges are the C library's."""
+    if scale_mode not in SCALE_MODES:
+        raise _invalid(f"scale_mode: {scale_mode!r} is not one of {', '.join(SCALE_MODES)}")
+    for name, v in (("amax_history_len", amax_history_len), ("scale_margin", scale_margin)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _invalid(f"{name}: {v!r} is not an integer")
+    if not 0 <= amax_history_len <= 1024:
+        raise _invalid(f"amax_history_len: {amax_history_len} is outside 1 to 1024 (0: 16)")
+    if not -32 <= scale_margin <= 32:
+        raise _invalid(f"scale_margin: {scale_margin} is outside -32 to 32")
+    return SCALE_MODES.index(scale_mode), amax_history_len, scale_margin
+
+
 def _stream(stream):
     """A cudaStream_t for the C calls: None (the legacy default stream), an int, or .cuda_stream."""
     if stream is None:
@@ -128,9 +150,15 @@ def _stream(stream):
 
 
 class Transfer:
-    """A transfer engine: "cpu", or a CUDA device ("cuda", "cuda:1", a torch.device)."""
+    """A transfer engine: "cpu", or a CUDA device ("cuda", "cuda:1", a torch.device).
 
-    def __init__(self, device, max_block_bytes, staging_buffers=0, granularity="block", block=128, scale="fp32"):
+    scale_mode (the job's config key, include/prism/transfer.h): "current" (the scales of the
+    block's current amax, as `scale` says), "pow2", "delayed" (max of the last amax_history_len
+    prepares' amax times 2**scale_margin) or "static" (the first prepare's scales, kept);
+    set_scale_mode changes it mid-run. block_counts() gives what the last prepare clipped."""
+
+    def __init__(self, device, max_block_bytes, staging_buffers=0, granularity="block", block=128, scale="fp32",
+                 scale_mode="current", amax_history_len=0, scale_margin=0):
         dev = str(device)
         if dev == "cpu":
             backend, index = 0, 0
@@ -142,11 +170,12 @@ class Transfer:
             raise _invalid(f"granularity: {granularity!r} is not one of tensor, row, block")
         if scale not in _SCALES:
             raise _invalid(f"scale: {scale!r} is not one of fp32, pow2")
+        mode, hist, margin = _scale_options(scale_mode, amax_history_len, scale_margin)
         self.device = dev
         self._spec = _lib.QuantSpec(format=1, granularity=_GRANULARITIES[granularity], group=int(block),
                                     scale_mode=_SCALES[scale], rounding=0, seed=0)
         opts = TransferOptions(backend, index, int(staging_buffers), int(max_block_bytes), ctypes.pointer(self._spec),
-                               None)
+                               None, mode, hist, margin)
         self._dll = _dll()
         handle = _vp()
         err = _lib.Error()
@@ -154,6 +183,7 @@ class Transfer:
                        err)
         self._t = handle
         self.numel = {}
+        self.scale_mode = scale_mode
 
     def close(self):
         if self._t:
@@ -218,6 +248,25 @@ class Transfer:
             import torch
             stream = torch.cuda.current_stream() if torch.cuda.is_available() else 0
         self._call("prism_transfer_ticket_wait_stream", ctypes.byref(ticket), _stream(stream))
+
+    def set_scale_mode(self, scale_mode, amax_history_len=0, scale_margin=0):
+        """A new scale mode (the job's config changed): every image is made again at its next
+        use, amax histories and static scales start afresh, the blocks' last counts are cleared.
+        The mode in force with the same figures changes nothing."""
+        mode, hist, margin = _scale_options(scale_mode, amax_history_len, scale_margin)
+        self._call("prism_transfer_set_scale_mode", mode, hist, margin)
+        self.scale_mode = scale_mode
+
+    def block_counts(self, block_id, precision):
+        """What the last prepare of the block's image in precision (not bf16) clipped:
+        {"saturated", "underflowed", "nonfinite", "numel"} (numel: the elements it quantized, 0
+        when the image has not been made since add_block or set_scale_mode)."""
+        c = _lib.QuantCounts()
+        n = ctypes.c_size_t()
+        self._call("prism_transfer_block_counts", int(block_id), _precision(precision), ctypes.byref(c),
+                   ctypes.byref(n))
+        return {"saturated": int(c.saturated), "underflowed": int(c.underflowed), "nonfinite": int(c.nonfinite),
+                "numel": int(n.value)}
 
     def synchronize(self):
         self._call("prism_transfer_synchronize")

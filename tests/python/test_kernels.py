@@ -60,9 +60,9 @@ class StructLayout(unittest.TestCase):
         offsets = re.findall(r"offsetof\((prism_\w+), (\w+)\) == (\d+)", text)
         sizes = re.findall(r"sizeof\((prism_\w+)\) == (\d+)", text)
         # every field of the four kernel structs, the client's (its counters by size: 19 u64) and
-        # transfer's
+        # transfer's (options 9 and counters 12 with the scale modes)
         # (prism_client_state: 13, and 8 for its numerics fields; prism_block_fractions: 2)
-        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 7 + 4 + 7 + 13 + 8 + 8 + 6 + 2 + 9 + 8 + 2)
+        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 7 + 4 + 7 + 13 + 8 + 8 + 9 + 2 + 12 + 8 + 2)
         self.assertEqual(len(client.ClientCounters._fields_), 19)
         for struct, field, offset in offsets:
             self.assertEqual(getattr(structs[struct], field).offset, int(offset), (struct, field))
