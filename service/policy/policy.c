@@ -605,7 +605,9 @@ static prism_status roll_back(prism_policy *p, uint64_t step, size_t *rolled, pr
         if (st)
             return st;
         v->held = true;
-        v->hold_until = step + (uint64_t)c->loss_spike_hold_steps;
+        /* A hold past the largest step is a hold at it; kept within 2^53 for JSON readers. */
+        uint64_t hold = (uint64_t)c->loss_spike_hold_steps;
+        v->hold_until = hold > PRISM_STEP_MAX - step ? PRISM_STEP_MAX : step + hold;
         b->rolled_call = p->calls;
         (*rolled)++;
     }

@@ -76,8 +76,10 @@ typedef struct prism_block_view {
     prism_precision candidate;    /* the low format the block would get: under low_precision auto the first
                                      of low_formats whose calibration error is <= quant_error_threshold,
                                      else the last of them; otherwise low_precision */
-    bool held;                    /* a loss spike rolled it back: hold_until is valid */
-    uint64_t hold_until;          /* the score rule does not move it low at a decision before this step */
+    bool held;                    /* a loss spike rolled it back at some step: hold_until is valid (the
+                                   * hold is in force while the step is below it; held stays set after) */
+    uint64_t hold_until;          /* the score rule does not move it low at a decision before this step
+                                   * (at most PRISM_STEP_MAX) */
     bool has_saturation;          /* some entry of its window carried saturation figures */
     double saturated_fraction;    /* mean over the window entries that carried figures */
     double underflowed_fraction;

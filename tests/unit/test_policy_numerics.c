@@ -303,6 +303,36 @@ static void test_spike_off_the_schedule_is_a_decision_of_its_own(void)
     prism_policy_destroy(p);
 }
 
+/* A hold that would end past the largest step ends at it (kept within 2^53 for JSON readers). */
+static void test_a_hold_past_the_largest_step_ends_at_it(void)
+{
+    prism_policy *p = make_policy(SPIKE, "{\"loss_spike_hold_steps\": 1000000000}");
+    prism_step_result r;
+    uint64_t base = PRISM_STEP_MAX - 10;
+    for (uint64_t i = 1; i <= 3; i++)
+        feed_pair(p, base + i, 0.125, 1.0, &r);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
+    feed_pair(p, base + 4, 0.125, 3.0, &r);
+    CU_ASSERT_EQUAL(r.rolled_back, 1);
+    CU_ASSERT_TRUE(block(p, 0)->held);
+    CU_ASSERT_EQUAL(block(p, 0)->hold_until, PRISM_STEP_MAX);
+    /* A hold that fits is step + hold_steps exactly. */
+    prism_policy_destroy(p);
+    p = make_policy(SPIKE, "{\"loss_spike_hold_steps\": 6}");
+    for (uint64_t i = 1; i <= 3; i++)
+        feed_pair(p, base + i, 0.125, 1.0, &r);
+    feed_pair(p, base + 4, 0.125, 3.0, &r);
+    CU_ASSERT_EQUAL(r.rolled_back, 1);
+    CU_ASSERT_EQUAL(block(p, 0)->hold_until, PRISM_STEP_MAX);
+    prism_policy_destroy(p);
+    p = make_policy(SPIKE, "{\"loss_spike_hold_steps\": 5}");
+    for (uint64_t i = 1; i <= 3; i++)
+        feed_pair(p, base + i, 0.125, 1.0, &r);
+    feed_pair(p, base + 4, 0.125, 3.0, &r);
+    CU_ASSERT_EQUAL(block(p, 0)->hold_until, PRISM_STEP_MAX - 1);
+    prism_policy_destroy(p);
+}
+
 static void test_spike_on_a_scheduled_step_rolls_back_inside_the_decision(void)
 {
     /* Decisions at n = 1, 5, 9; the rule off (factor 0), window 4, hold 0, no cooldown; W fills
@@ -903,6 +933,7 @@ static const prism_test_case cases[] = {
      test_w_is_kept_with_factor_zero_and_a_new_factor_waits_for_the_decision},
     {"test_a_new_loss_spike_window_keeps_the_newest_losses", test_a_new_loss_spike_window_keeps_the_newest_losses},
     {"test_spike_off_the_schedule_is_a_decision_of_its_own", test_spike_off_the_schedule_is_a_decision_of_its_own},
+    {"test_a_hold_past_the_largest_step_ends_at_it", test_a_hold_past_the_largest_step_ends_at_it},
     {"test_spike_on_a_scheduled_step_rolls_back_inside_the_decision",
      test_spike_on_a_scheduled_step_rolls_back_inside_the_decision},
     {"test_spike_window_bound_on_both_sides", test_spike_window_bound_on_both_sides},
