@@ -523,11 +523,14 @@ static void apply_runtime(upstream *u, const Prism__V1__RuntimeHints *h)
 
 /* Takes a PolicyConfig's status and numerics fields (a Welcome's or a ConfigUpdate's, issue 17)
  * into the hint table: calibration_needed and the formats prismd wants calibrated come with it.
+ * prismd's calibration_needed speaks of PolicyConfig.low_precision only (for agents older than
+ * calibration_formats); calibration is needed when it says so or when any format is wanted.
  * Formats that are not a low prism_precision are left out (a newer prismd's). */
 static void take_config(upstream *u, const Prism__V1__PolicyConfig *c, bool calibration_needed,
                         const Prism__V1__Precision *wanted, size_t n_wanted)
 {
     agent *a = u->a;
+    calibration_needed = calibration_needed || n_wanted > 0;
     u->cal_needed = calibration_needed;
     u->run_calibration = c && c->run_calibration;
     u->cal_samples = c ? c->calibration_samples : 0;

@@ -852,6 +852,17 @@ static size_t calibration_wanted(const prismd_job *job, const prism_config *c,
     return n;
 }
 
+/* Welcome's and ConfigUpdate's calibration_needed, in the meaning an agent of before issue 17
+ * gives it: calibration of the one format it knows (PolicyConfig.low_precision, the last of
+ * low_formats under "auto") is wanted. An older agent calibrates that format when told so and
+ * would be told again forever if the flag also stood for the other formats of low_formats;
+ * newer agents read calibration_formats for the whole list. */
+static bool legacy_calibration_needed(const prismd_job *job, const prism_config *c)
+{
+    prism_precision f = prism_config_low_format(c);
+    return c->run_calibration && (unsigned)f < PRISM_PRECISION_COUNT && !job->calibrated[f];
+}
+
 /* Whether two configs differ in what agents and trainers use of a PolicyConfig (the hint table's
  * status and numerics: run_calibration, calibration_samples, low_precision with "auto",
  * low_formats, scale_mode, amax_history_len, scale_margin). A new config that changes none of
@@ -883,7 +894,7 @@ static void broadcast_config(prismd_job *job)
     cu.config = &cfg;
     cu.n_calibration_formats = calibration_wanted(job, c, wanted);
     cu.calibration_formats = wanted;
-    cu.calibration_needed = cu.n_calibration_formats > 0;
+    cu.calibration_needed = legacy_calibration_needed(job, c);
     Prism__V1__ServiceMessage m = PRISM__V1__SERVICE_MESSAGE__INIT;
     m.kind_case = PRISM__V1__SERVICE_MESSAGE__KIND_CONFIG;
     m.config = &cu;
@@ -928,7 +939,7 @@ static void send_welcome(prismd_jobs *j, prismd_job *job, prismd_stream *s, uint
     w.map = &u;
     w.n_calibration_formats = calibration_wanted(job, prism_policy_config(job->policy), wanted);
     w.calibration_formats = wanted;
-    w.calibration_needed = w.n_calibration_formats > 0;
+    w.calibration_needed = legacy_calibration_needed(job, prism_policy_config(job->policy));
     /* The cached errors, one CalibrationErrors per format. */
     Prism__V1__CalibrationErrors groups[PRISM_PRECISION_COUNT];
     Prism__V1__CalibrationErrors *group_ptrs[PRISM_PRECISION_COUNT];

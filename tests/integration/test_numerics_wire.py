@@ -229,6 +229,52 @@ class NumericsWireTest(unittest.TestCase):
         finally:
             a.close()
 
+    def test_calibration_needed_speaks_of_low_precision_for_older_agents(self):
+        """Under auto, Welcome.calibration_needed is about PolicyConfig.low_precision alone (the
+        last of low_formats, the one format an agent older than calibration_formats knows): once
+        that format is calibrated, such an agent is no longer asked on every new stream, while
+        calibration_formats still lists the other formats, and a current agent still calibrates."""
+        self.start(NUMERICS)
+        fingerprint = bytes(range(32))
+        layout = pb.ModelLayout(fingerprint=fingerprint, model_id="m", blocks=[
+            pb.BlockInfo(id=0, name="h.0", param_bytes_bf16=1000), pb.BlockInfo(id=1, name="h.1", param_bytes_bf16=3000)])
+
+        def welcome(job):
+            a = g.Agent(self.prismd)
+            try:
+                a.send(hello=pb.Hello(job_id=job, rank=0, world_size=1, layout=layout))
+                w = a.next().welcome
+                return (w.config.low_precision, w.calibration_needed, list(w.calibration_formats))
+            finally:
+                a.close()
+
+        self.assertEqual(welcome("job-l1"), (pb.INT8, True, [pb.INT4, pb.FP8_E5M2, pb.INT8]))
+        a = g.Agent(self.prismd)
+        try:
+            a.send(hello=pb.Hello(job_id="job-l2", rank=0, world_size=1, layout=layout))
+            a.next()
+            a.send(calibration=pb.CalibrationReport(fingerprint=fingerprint, format=pb.INT8, samples=2, errors=[
+                pb.BlockError(block_id=0, relative_error=0.01), pb.BlockError(block_id=1, relative_error=0.02)]))
+            self.accepted(1)
+        finally:
+            a.close()
+        self.assertEqual(welcome("job-l3"), (pb.INT8, False, [pb.INT4, pb.FP8_E5M2]))
+        # A config push says the same (scale_mode changes what agents use: a ConfigUpdate).
+        a = g.Agent(self.prismd)
+        try:
+            a.send(hello=pb.Hello(job_id="job-l3", rank=0, world_size=1, layout=layout))
+            a.next()
+            self.assertEqual(self.prismd.http("/v1/jobs/job-l3/config", "PATCH", '{"scale_mode": "current"}')[0], 200)
+            for step in (1, 2):
+                a.send(step_report=two_blocks(step))
+            m = a.next()
+            while m.WhichOneof("kind") != "config":
+                m = a.next()
+            self.assertEqual((m.config.calibration_needed, list(m.config.calibration_formats)),
+                             (False, [pb.INT4, pb.FP8_E5M2]))
+        finally:
+            a.close()
+
     def test_auto_fingerprint_and_calibration_formats_are_the_uncached_ones(self):
         self.assertEqual(prism.client.fingerprint("m", BLOCKS, "auto"), expected_fingerprint("m", BLOCKS, 255))
         self.assertEqual(prism.client.fingerprint("m", BLOCKS, "int8"), expected_fingerprint("m", BLOCKS, 1))
