@@ -7,6 +7,8 @@
 #endif
 #include "process_totals.h"
 
+#include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +30,15 @@ typedef struct transfer_image {
     float *hist;
     uint32_t hist_count;
     uint32_t hist_next;
-    /* STATIC: the scales of the first prepare, groups floats; NULL until it is made. */
-    float *static_scales;
 } transfer_image;
 
 typedef struct transfer_block {
     bool present;
     size_t numel;
     uint16_t *host; /* the BF16 weights (pinned on CUDA) */
+    /* Each group's largest finite |x| of the weights as registered (add_block), for STATIC
+     * scales; one per group (the groups are the same in every low format). */
+    float *reg_amax;
     transfer_image img[PRISM_PRECISION_COUNT]; /* [BF16] unused */
     uint64_t last_seq; /* the last transfer that read host or an image */
 } transfer_block;
@@ -270,8 +273,8 @@ void prism_transfer_destroy(prism_transfer *t)
         for (int p = 0; p < PRISM_PRECISION_COUNT; p++) {
             host_free(t, b->img[p].data);
             free(b->img[p].hist);
-            free(b->img[p].static_scales);
         }
+        free(b->reg_amax);
     }
     free(t->blocks);
     free(t->scratch);
@@ -288,6 +291,29 @@ const char *prism_transfer_backend_name(const prism_transfer *t)
 }
 
 /* ---- blocks ------------------------------------------------------------------------------- */
+
+/* Each group's largest finite |x| of numel BF16 weights (0 when none), the groups of the engine's
+ * spec: consecutive runs of the layout's group length (the last one shorter under BLOCK), the
+ * amax the kernels take a group's scale from. */
+static void group_amax(const prism_transfer *t, const uint16_t *bf16, size_t numel, float *out)
+{
+    prism_quant_spec spec = t->spec;
+    spec.format = PRISM_PRECISION_INT8;
+    size_t groups = 0, len = 0;
+    prism_status st = prism_quant_layout(&spec, numel, &groups, &len, NULL, NULL);
+    assert(st == PRISM_OK && len > 0); /* add_block made the same layout */
+    (void)st;
+    for (size_t g = 0; g < groups; g++) {
+        float m = 0.0f;
+        size_t end = (g + 1) * len < numel ? (g + 1) * len : numel;
+        for (size_t i = g * len; i < end; i++) {
+            float v = fabsf(prism_bf16_to_f32(bf16[i]));
+            if (isfinite(v) && v > m)
+                m = v;
+        }
+        out[g] = m;
+    }
+}
 
 prism_status prism_transfer_add_block(prism_transfer *t, uint32_t block_id, const uint16_t *bf16,
                                       size_t numel, prism_error *err)
@@ -332,15 +358,23 @@ prism_status prism_transfer_add_block(prism_transfer *t, uint32_t block_id, cons
         t->capacity = cap;
     }
     transfer_block *b = &t->blocks[block_id];
+    float *reg_amax = malloc(layout[PRISM_PRECISION_INT8].groups * sizeof *reg_amax);
+    if (!reg_amax)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "block %u: %zu group maxima not available", (unsigned)block_id,
+                               layout[PRISM_PRECISION_INT8].groups);
     void *host = NULL;
     prism_status st = host_alloc(t, numel * 2, &host, err);
-    if (st != PRISM_OK)
+    if (st != PRISM_OK) {
+        free(reg_amax);
         return st;
+    }
     memcpy(host, bf16, numel * 2);
+    group_amax(t, bf16, numel, reg_amax);
     memset(b, 0, sizeof *b);
     b->present = true;
     b->numel = numel;
     b->host = host;
+    b->reg_amax = reg_amax;
     for (int p = 1; p < PRISM_PRECISION_COUNT; p++)
         b->img[p] = layout[p];
     return PRISM_OK;
@@ -467,22 +501,11 @@ static prism_status prepare_image(prism_transfer *t, transfer_block *b, prism_pr
         st = quantize_delayed(t, img, &spec, &x, scales, &counts, err);
         break;
     case PRISM_TRANSFER_SCALE_STATIC:
-        if (img->static_scales) {
-            st = prism_quantize_scaled_cpu(&spec, &x, img->static_scales, img->data, NULL, &counts, err);
-            if (st == PRISM_OK)
-                memcpy(scales, img->static_scales, img->groups * sizeof(float));
-            break;
-        }
-        img->static_scales = malloc(img->groups * sizeof(float));
-        if (!img->static_scales)
-            return prism_error_set(err, PRISM_ERR_NOMEM, "static scales: %zu floats not available", img->groups);
-        st = prism_quantize_counted_cpu(&spec, &x, img->data, scales, &counts, err);
-        if (st == PRISM_OK)
-            memcpy(img->static_scales, scales, img->groups * sizeof(float));
-        else {
-            free(img->static_scales);
-            img->static_scales = NULL;
-        }
+        /* The FP32 scales of the weights as registered: prism_quant_scale_delayed with margin 0
+         * of a group's amax is amax / qmax, and 1 for amax 0, as the kernels' own. */
+        for (size_t g = 0; g < img->groups; g++)
+            scales[g] = prism_quant_scale_delayed(b->reg_amax[g], 0, p);
+        st = prism_quantize_scaled_cpu(&spec, &x, scales, img->data, NULL, &counts, err);
         break;
     default: /* CURRENT, POW2 */
         st = prism_quantize_counted_cpu(&spec, &x, img->data, scales, &counts, err);
@@ -785,8 +808,6 @@ prism_status prism_transfer_set_scale_mode(prism_transfer *t, prism_transfer_sca
             img->hist = NULL;
             img->hist_count = 0;
             img->hist_next = 0;
-            free(img->static_scales);
-            img->static_scales = NULL;
         }
     }
     t->scale_mode = mode;

@@ -217,9 +217,10 @@ typedef enum prism_transfer_backend {
  *            prepare (empty history) takes one pass more to find its own amax and uses
  *            prism_quant_scale_delayed(that amax, scale_margin, format): with margin 0 the
  *            CURRENT (FP32) scales.
- *   STATIC   the scales of the image's first prepare (made as CURRENT, from the weights the
- *            block has then, its amax when registered), kept for the run: later prepares are
- *            prism_quantize_scaled_cpu with those scales, so weights that grow saturate.
+ *   STATIC   the CURRENT (FP32) scales of the weights as registered: prism_transfer_add_block
+ *            keeps each group's amax, and every prepare, in every format, is
+ *            prism_quantize_scaled_cpu with prism_quant_scale_delayed(that amax, 0, format), so
+ *            weights that grow saturate. update_block and set_scale_mode do not change them.
  * Every prepare keeps its prism_quant_counts (prism_transfer_block_counts), and the counters
  * sum them per precision. */
 typedef enum prism_transfer_scale_mode {
@@ -339,8 +340,9 @@ void prism_transfer_get_counters(const prism_transfer *t, prism_transfer_counter
 
 /* A new scale mode mid-run (the job's config changed): checked as the options are (bad values
  * change nothing, PRISM_ERR_INVALID names the field; amax_history_len 0 is 16). Every image is
- * made again at its next use, every amax history and static scale is forgotten (they start
- * afresh under the new mode), and the blocks' last counts are cleared. On CUDA, first waits
+ * made again at its next use, every amax history is forgotten (it starts afresh under the new
+ * mode; STATIC scales stay those of the weights as registered), and the blocks' last counts are
+ * cleared. On CUDA, first waits
  * (host) for copies still reading the images. Setting the mode in force changes nothing. */
 prism_status prism_transfer_set_scale_mode(prism_transfer *t, prism_transfer_scale_mode mode,
                                            uint32_t amax_history_len, int32_t scale_margin,

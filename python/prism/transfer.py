@@ -154,8 +154,8 @@ class Transfer:
 
     scale_mode (the job's config key, include/prism/transfer.h): "current" (the scales of the
     block's current amax, as `scale` says), "pow2", "delayed" (max of the last amax_history_len
-    prepares' amax times 2**scale_margin) or "static" (the first prepare's scales, kept);
-    set_scale_mode changes it mid-run. block_counts() gives what the last prepare clipped."""
+    prepares' amax times 2**scale_margin) or "static" (the scales of the weights as registered by
+    add_block, kept); set_scale_mode changes it mid-run. block_counts() gives what the last prepare clipped."""
 
     def __init__(self, device, max_block_bytes, staging_buffers=0, granularity="block", block=128, scale="fp32",
                  scale_mode="current", amax_history_len=0, scale_margin=0):
@@ -251,8 +251,8 @@ class Transfer:
 
     def set_scale_mode(self, scale_mode, amax_history_len=0, scale_margin=0):
         """A new scale mode (the job's config changed): every image is made again at its next
-        use, amax histories and static scales start afresh, the blocks' last counts are cleared.
-        The mode in force with the same figures changes nothing."""
+        use, amax histories start afresh (static scales stay the registered weights'), the blocks'
+        last counts are cleared. The mode in force with the same figures changes nothing."""
         mode, hist, margin = _scale_options(scale_mode, amax_history_len, scale_margin)
         self._call("prism_transfer_set_scale_mode", mode, hist, margin)
         self.scale_mode = scale_mode

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """prism.Transfer's scale modes (python/prism/transfer.py, include/prism/transfer.h), CPU backend:
 a fetch under each mode is exactly prism.kernels' quantize (counted, or with the scales worked
-out here: the static first scales, the delayed max of the last N prepares' amax) then dequantize;
-block_counts are the kernel's counts; set_scale_mode starts afresh; bad values raise
+out here: the static scales of the weights as registered, the delayed max of the last N prepares' amax) then dequantize;
+block_counts are the kernel's counts; set_scale_mode starts the histories afresh and keeps
+the static scales; bad values raise
 PrismInvalidError naming them."""
 
 import os
@@ -61,13 +62,16 @@ class TransferScalesTest(unittest.TestCase):
                 self.assertEqual(t.block_counts(3, fmt), counts_dict(counts, n))
             t.close()
 
-    def test_static_keeps_the_first_scales_and_growth_saturates(self):
+    def test_static_keeps_the_registered_scales_and_growth_saturates(self):
         n = 2048
         w0, w1 = weights(n, 2), weights(n, 2, 4.0)
         for fmt in LOW:
             t = prism.Transfer("cpu", max_block_bytes=2 * n, scale_mode="static")
             t.add_block(0, w0)
             _, s0, c0 = prism.quantize_counted(w0, fmt, "block", 128)
+            t.update_block(0, w1)  # before the first fetch: the scales are still w0's
+            fetched(t, 0, fmt, n)
+            t.update_block(0, w0)
             fetched(t, 0, fmt, n)
             self.assertEqual(t.block_counts(0, fmt), counts_dict(c0, n))
             t.update_block(0, w1)
@@ -77,9 +81,9 @@ class TransferScalesTest(unittest.TestCase):
                                         decoded(codes, s0, fmt, n).view(torch.int16)), fmt)
             self.assertEqual(t.block_counts(0, fmt), counts_dict(c1, n))
             c = t.counters()
-            self.assertEqual(c["quantized"][fmt], 2 * n)
-            self.assertEqual(c["saturated"][fmt], c0.saturated + c1.saturated)
-            self.assertEqual(c["underflowed"][fmt], c0.underflowed + c1.underflowed)
+            self.assertEqual(c["quantized"][fmt], 3 * n)
+            self.assertEqual(c["saturated"][fmt], c0.saturated + 2 * c1.saturated)
+            self.assertEqual(c["underflowed"][fmt], c0.underflowed + 2 * c1.underflowed)
             t.close()
 
     def test_delayed_uses_the_max_of_exactly_the_last_n_prepares(self):
@@ -118,9 +122,10 @@ class TransferScalesTest(unittest.TestCase):
         self.assertEqual(t.scale_mode, "delayed")
         self.assertEqual(t.block_counts(2, "int8"), {"saturated": 0, "underflowed": 0, "nonfinite": 0, "numel": 0})
         t.set_scale_mode("static")
-        codes, scales, counts = prism.quantize_counted(w1, "int8", "block", 128)
+        _, s0, _ = prism.quantize_counted(w0, "int8", "block", 128)  # the registered weights' scales
+        codes, _, counts = prism.quantize_scaled(w1, s0, "int8", "block", 128)
         self.assertTrue(torch.equal(fetched(t, 2, "int8", n).view(torch.int16),
-                                    decoded(codes, scales, "int8", n).view(torch.int16)))
+                                    decoded(codes, s0, "int8", n).view(torch.int16)))
         self.assertEqual(t.block_counts(2, "int8"), counts_dict(counts, n))
         t.close()
 

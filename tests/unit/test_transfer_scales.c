@@ -1,10 +1,10 @@
 /* The transfer engine's scale modes (include/prism/transfer.h, prism_transfer_scale_mode), CPU
  * backend: each mode's fetched block is bit for bit what the kernels give with scales worked out
- * here independently (CURRENT and POW2: prism_quantize_counted_cpu; STATIC: the first prepare's
- * scales kept; DELAYED: prism_quant_scale_delayed over the max of exactly the last N prepares'
- * amax, computed here from the BF16 weights); each prepare's counts are the kernel's; the counters
- * sum them; prism_transfer_set_scale_mode starts histories and static scales afresh; bad values
- * are refused naming the field. */
+ * here independently (CURRENT and POW2: prism_quantize_counted_cpu; STATIC: the scales of the
+ * weights as registered, whatever came after; DELAYED: prism_quant_scale_delayed over the max of
+ * exactly the last N prepares' amax, computed here from the BF16 weights); each prepare's counts
+ * are the kernel's; the counters sum them; prism_transfer_set_scale_mode starts histories afresh
+ * and keeps the static scales; bad values are refused naming the field. */
 #include "testutil.h"
 
 #include "prism/transfer.h"
@@ -155,42 +155,49 @@ static void test_current_and_pow2_are_the_counted_kernel(void)
     free(dst);
 }
 
-/* STATIC: the first prepare's scales (from the weights as registered) stay; weights that grow 4x
- * then saturate, and the counts say so (the kernel's, and not 0). */
-static void test_static_keeps_the_scales_of_the_first_prepare(void)
+/* STATIC: the scales of the weights as registered, even when the block was updated before its
+ * first prepare. Registered w0, updated to w1 (4x) before the first fetch: w1 under w0's scales
+ * saturates, and the counts say so (the kernel's, and not 0); back to w0: w0's own current
+ * quantization. Registered w1, updated to w0 first: w0 under w1's scales, nothing saturated. */
+static void test_static_takes_the_scales_of_the_registered_weights(void)
 {
     const size_t n = 4096;
-    uint16_t *w0 = make_weights(n, 5, 0);
-    uint16_t *w1 = make_weights(n, 5, 2); /* the same values times 4 */
+    uint16_t *w[2] = {make_weights(n, 5, 0), make_weights(n, 5, 2)}; /* w[1]: the same values times 4 */
     uint16_t *dst = malloc(n * sizeof *dst);
     CU_ASSERT_FATAL(dst != NULL);
     for (size_t f = 0; f < N_LOW; f++) {
         prism_precision p = low_formats[f];
-        prism_transfer *t = make_engine(PRISM_TRANSFER_SCALE_STATIC, 0, 0, n);
-        prism_error err = {0};
-        ok(prism_transfer_add_block(t, 0, w0, n, &err), &err, "add");
-        float *s0 = malloc(groups_of(p, n) * sizeof *s0);
-        CU_ASSERT_FATAL(s0 != NULL);
-        prism_quant_counts want = {0};
-        uint16_t *ref = reference(p, PRISM_SCALE_FP32, w0, n, NULL, s0, &want);
-        fetch_ok(t, 0, p, dst);
-        CU_ASSERT(memcmp(dst, ref, n * sizeof *dst) == 0);
-        expect_counts(t, 0, p, &want, n);
-        free(ref);
-        for (int step = 1; step <= 2; step++) {
-            ok(prism_transfer_update_block(t, 0, w1, n, &err), &err, "update");
-            ref = reference(p, PRISM_SCALE_FP32, w1, n, s0, NULL, &want);
-            CU_ASSERT(want.saturated > 0);
+        for (int r = 0; r < 2; r++) {
+            const uint16_t *reg = w[r], *other = w[1 - r];
+            prism_transfer *t = make_engine(PRISM_TRANSFER_SCALE_STATIC, 0, 0, n);
+            prism_error err = {0};
+            ok(prism_transfer_add_block(t, 0, reg, n, &err), &err, "add");
+            float *s = malloc(groups_of(p, n) * sizeof *s);
+            CU_ASSERT_FATAL(s != NULL);
+            prism_quant_counts own = {0}, want = {0};
+            uint16_t *own_ref = reference(p, PRISM_SCALE_FP32, reg, n, NULL, s, &own);
+            ok(prism_transfer_update_block(t, 0, other, n, &err), &err, "update before the first fetch");
+            uint16_t *ref = reference(p, PRISM_SCALE_FP32, other, n, s, NULL, &want);
+            if (r == 0) {
+                CU_ASSERT(want.saturated > 0);
+            } else {
+                CU_ASSERT_EQUAL(want.saturated, 0);
+            }
             fetch_ok(t, 0, p, dst);
             CU_ASSERT(memcmp(dst, ref, n * sizeof *dst) == 0);
             expect_counts(t, 0, p, &want, n);
+            ok(prism_transfer_update_block(t, 0, reg, n, &err), &err, "update back");
+            fetch_ok(t, 0, p, dst);
+            CU_ASSERT(memcmp(dst, own_ref, n * sizeof *dst) == 0);
+            expect_counts(t, 0, p, &own, n);
             free(ref);
+            free(own_ref);
+            free(s);
+            prism_transfer_destroy(t);
         }
-        free(s0);
-        prism_transfer_destroy(t);
     }
-    free(w0);
-    free(w1);
+    free(w[0]);
+    free(w[1]);
     free(dst);
 }
 
@@ -282,8 +289,8 @@ static void test_delayed_first_prepare_is_current_with_margin_zero(void)
     free(dst);
 }
 
-/* set_scale_mode: the same mode changes nothing (static scales kept); another mode and back
- * forgets the static scales (the next prepare's weights give them) and clears the counts. */
+/* set_scale_mode: the same mode changes nothing; another mode clears the counts, and back to
+ * STATIC the scales are still those of the weights as registered. */
 static void test_set_scale_mode_starts_afresh(void)
 {
     const size_t n = 2048;
@@ -313,7 +320,7 @@ static void test_set_scale_mode_starts_afresh(void)
     CU_ASSERT_EQUAL(numel, 0);
     CU_ASSERT_EQUAL(got.saturated + got.underflowed + got.nonfinite, 0);
     ok(prism_transfer_set_scale_mode(t, PRISM_TRANSFER_SCALE_STATIC, 0, 0, &err), &err, "static again");
-    ref = reference(p, PRISM_SCALE_FP32, w1, n, NULL, NULL, &want);
+    ref = reference(p, PRISM_SCALE_FP32, w1, n, s0, NULL, &want);
     fetch_ok(t, 4, p, dst);
     CU_ASSERT(memcmp(dst, ref, n * sizeof *dst) == 0);
     expect_counts(t, 4, p, &want, n);
@@ -405,7 +412,7 @@ static void test_bad_scale_values_are_refused_naming_the_field(void)
 
 static const prism_test_case cases[] = {
     {"test_current_and_pow2_are_the_counted_kernel", test_current_and_pow2_are_the_counted_kernel},
-    {"test_static_keeps_the_scales_of_the_first_prepare", test_static_keeps_the_scales_of_the_first_prepare},
+    {"test_static_takes_the_scales_of_the_registered_weights", test_static_takes_the_scales_of_the_registered_weights},
     {"test_delayed_uses_the_max_of_exactly_the_last_n_prepares",
      test_delayed_uses_the_max_of_exactly_the_last_n_prepares},
     {"test_delayed_first_prepare_is_current_with_margin_zero", test_delayed_first_prepare_is_current_with_margin_zero},
