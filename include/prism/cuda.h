@@ -71,9 +71,10 @@ prism_status prism_quantize_counted_cuda(const prism_quant_spec *spec, const pri
 
 /* prism_quantize_scaled_cpu on the GPU: x->data, scales, codes, amax (may be NULL) and *counts
  * (may be NULL; set, not added to) device memory; one pass over the input. The same checks and
- * messages as the CPU's, the given scales included: to check those the call reads them back
- * (a copy on the stream and a wait for it), so unlike the other kernels it returns only once the
- * stream's earlier work is done. */
+ * messages as the CPU's, except for the given scales, which the host never reads (the call does
+ * not wait for the stream, and may be captured into a graph): a group whose scale is not finite
+ * and > 0 gets code 0 for every element, its elements in neither saturated nor underflowed, and
+ * is counted in counts->bad_scale, where the CPU refuses the call. */
 prism_status prism_quantize_scaled_cuda(const prism_quant_spec *spec, const prism_tensor *x,
                                         const float *scales, uint8_t *codes, float *amax,
                                         prism_quant_counts *counts, prism_cuda_stream stream,

@@ -192,6 +192,9 @@ typedef struct prism_quant_counts {
     uint64_t saturated;   /* finite elements whose code the format's largest value replaced */
     uint64_t underflowed; /* finite non-zero elements written as code 0 */
     uint64_t nonfinite;   /* NaN/Inf elements (code 0, counted in neither of the above) */
+    uint64_t bad_scale;   /* prism_quantize_scaled_cuda only: groups whose given scale is not finite
+                           * and > 0 (every element code 0, in neither saturated nor underflowed);
+                           * always 0 on the CPU, which refuses such scales */
 } prism_quant_counts;
 
 /* prism_quantize_cpu (the same codes and scales, bit for bit), plus the counts of the call in

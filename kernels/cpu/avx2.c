@@ -716,7 +716,7 @@ AVX2_INLINE void quantize_range_counted_as(const prism_quant_spec *spec, const p
     size_t i = (begin + align - 1) / align * align;
     if (i > end)
         i = end;
-    prism_quant_counts head = {0, 0, 0}, tail = {0, 0, 0};
+    prism_quant_counts head = {0}, tail = {0};
     float head_amax = 0.0f, tail_amax = 0.0f;
     if (begin < i)
         prism_cpu_scalar.quantize_range_counted(spec, x, begin, i, s, codes, &head_amax, &head);
@@ -759,7 +759,7 @@ AVX2_INLINE void quantize_groups_counted_as(const prism_quant_spec *spec, size_t
                                             int stochastic)
 {
     int pow2 = spec->scale_mode == PRISM_SCALE_POW2;
-    prism_quant_counts total = {0, 0, 0};
+    prism_quant_counts total = {0};
     for (size_t g = g0; g < g1; g++) {
         size_t begin = g * group_len;
         size_t end = begin + group_len < x->numel ? begin + group_len : x->numel;

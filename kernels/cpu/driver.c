@@ -500,7 +500,7 @@ static prism_status quantize_counted_run(const prism_cpu_path *path, int threads
                                        "scales[%zu]: %g is not a finite scale > 0", g,
                                        (double)given[g]);
     }
-    prism_quant_counts total = {0, 0, 0};
+    prism_quant_counts total = {0};
     if (x->numel == 0) {
         if (counts)
             *counts = total;

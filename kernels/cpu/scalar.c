@@ -175,7 +175,7 @@ static void scalar_quantize_groups_counted(const prism_quant_spec *spec, size_t 
                                            const float *given, float *scales, uint8_t *codes,
                                            float *amax, prism_quant_counts *counts)
 {
-    prism_quant_counts total = {0, 0, 0};
+    prism_quant_counts total = {0};
     for (size_t g = g0; g < g1; g++) {
         size_t begin = g * group_len;
         size_t end = begin + group_len < x->numel ? begin + group_len : x->numel;

@@ -14,12 +14,13 @@
  * the scaled kernel under those scales, which writes the same codes again and counts: two passes
  * over the input where the uncounted form takes one (a fused kernel is left for later).
  *
- * The given scales are checked on the host, as the CPU checks them (same message): they are read
- * back with a copy on the stream and a wait for it, so this call, unlike the others, waits for
- * the stream's earlier work. */
+ * The given scales are device memory the host does not read (reading them would wait for the
+ * stream's earlier work, and a wait is not allowed while a stream is captured into a graph): the
+ * kernel checks each group's scale itself. A group whose scale is not finite and > 0 has every
+ * element written as code 0, counted neither saturated nor underflowed (its non-finite elements
+ * still count as such, and its amax is still its own), and the group counted in bad_scale by the
+ * thread that takes its first element. */
 #include "common.cuh"
-
-#include <stdlib.h>
 
 namespace prism_cu {
 namespace {
@@ -32,7 +33,7 @@ struct ScaledArgs {
     const float *scales;
     uint8_t *codes;
     uint32_t *amax;                 /* bits of each group's amax, or NULL */
-    unsigned long long *counts;     /* saturated, underflowed, nonfinite, or NULL */
+    unsigned long long *counts;     /* saturated, underflowed, nonfinite, bad_scale, or NULL */
     uint64_t seed;
     int stochastic;
 };
@@ -62,7 +63,7 @@ template <int DT, int FMT>
 __global__ void __launch_bounds__(kThreads) quantize_scaled_kernel(ScaledArgs a)
 {
     __shared__ unsigned long long red[kWarps];
-    unsigned long long sat = 0, und = 0, bad = 0;
+    unsigned long long sat = 0, und = 0, bad = 0, bad_scale = 0;
     const uint64_t chunks = (a.numel + kChunk - 1) / kChunk;
     const uint64_t stride = (uint64_t)gridDim.x * kThreads;
     for (uint64_t c = (uint64_t)blockIdx.x * kThreads + threadIdx.x; c < chunks; c += stride) {
@@ -70,6 +71,8 @@ __global__ void __launch_bounds__(kThreads) quantize_scaled_kernel(ScaledArgs a)
         uint64_t group = begin / a.len;
         uint64_t group_end = min(group * a.len + a.len, a.numel);
         float s = a.scales[group];
+        bool usable = s > 0.0f && !prism_qc_nonfinite(s);
+        bad_scale += (unsigned long long)(!usable && begin == group * a.len);
         uint32_t most = 0;
         for (uint64_t i = begin; i < end; i += 2) {
             uint32_t pair = 0;
@@ -84,11 +87,15 @@ __global__ void __launch_bounds__(kThreads) quantize_scaled_kernel(ScaledArgs a)
                     group = e / a.len;
                     group_end = min(group * a.len + a.len, a.numel);
                     s = a.scales[group];
+                    usable = s > 0.0f && !prism_qc_nonfinite(s);
+                    bad_scale += (unsigned long long)!usable; /* e is the group's first element */
                 }
                 const float f = load_elem<DT>(a.x, e);
                 uint32_t code = 0;
                 if (prism_qc_nonfinite(f)) {
                     bad++;
+                } else if (!usable) {
+                    most = max(most, abs_bits(f)); /* code 0, in no count but bad_scale's group */
                 } else {
                     const uint32_t mag = abs_bits(f);
                     most = max(most, mag);
@@ -118,6 +125,7 @@ __global__ void __launch_bounds__(kThreads) quantize_scaled_kernel(ScaledArgs a)
     sat = cta_sum(sat, red);
     und = cta_sum(und, red);
     bad = cta_sum(bad, red);
+    bad_scale = cta_sum(bad_scale, red);
     if (threadIdx.x == 0) {
         if (sat)
             atomicAdd(a.counts + 0, sat);
@@ -125,6 +133,8 @@ __global__ void __launch_bounds__(kThreads) quantize_scaled_kernel(ScaledArgs a)
             atomicAdd(a.counts + 1, und);
         if (bad)
             atomicAdd(a.counts + 2, bad);
+        if (bad_scale)
+            atomicAdd(a.counts + 3, bad_scale);
     }
 }
 
@@ -183,8 +193,8 @@ prism_status launch_scaled(const prism_quant_spec *spec, const prism_tensor *x, 
     }
 }
 
-static_assert(sizeof(prism_quant_counts) == 3 * sizeof(unsigned long long),
-              "prism_quant_counts is three 64-bit device counters");
+static_assert(sizeof(prism_quant_counts) == 4 * sizeof(unsigned long long),
+              "prism_quant_counts is four 64-bit device counters");
 
 } /* namespace */
 } /* namespace prism_cu */
@@ -205,29 +215,8 @@ extern "C" prism_status prism_quantize_scaled_cuda(const prism_quant_spec *spec,
         return st;
     if (x->numel && (!codes || !scales))
         return prism_error_set(err, PRISM_ERR_INVALID, "quantize: codes or scales is NULL");
-    cudaStream_t s = as_stream(stream);
-    if (x->numel && groups) {
-        /* The scales, read back to be checked as the CPU checks them. */
-        float *host = static_cast<float *>(malloc(groups * sizeof *host));
-        if (!host)
-            return prism_error_set(err, PRISM_ERR_NOMEM, "quantize: no memory for %zu scales", groups);
-        cudaError_t rc = cudaMemcpyAsync(host, scales, groups * sizeof *host, cudaMemcpyDeviceToHost, s);
-        if (rc == cudaSuccess)
-            rc = cudaStreamSynchronize(s);
-        if (rc != cudaSuccess) {
-            free(host);
-            PRISM_CUDA_CHECK(rc);
-        }
-        for (size_t g = 0; g < groups; g++)
-            if (!(host[g] > 0.0f) || prism_qc_nonfinite(host[g])) {
-                double bad = (double)host[g];
-                free(host);
-                return prism_error_set(err, PRISM_ERR_INVALID, "scales[%zu]: %g is not a finite scale > 0", g,
-                                       bad);
-            }
-        free(host);
-    }
-    return launch_scaled(spec, x, groups, group_len, scales, codes, amax, counts, s, err);
+    /* The scales stay on the device: the kernel checks them (bad_scale). */
+    return launch_scaled(spec, x, groups, group_len, scales, codes, amax, counts, as_stream(stream), err);
 }
 
 extern "C" prism_status prism_quantize_counted_cuda(const prism_quant_spec *spec, const prism_tensor *x,

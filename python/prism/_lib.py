@@ -106,6 +106,7 @@ class QuantCounts(ctypes.Structure):
         ("saturated", ctypes.c_uint64),
         ("underflowed", ctypes.c_uint64),
         ("nonfinite", ctypes.c_uint64),
+        ("bad_scale", ctypes.c_uint64),
     ]
 
 

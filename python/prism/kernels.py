@@ -370,26 +370,27 @@ def quantize(x, fmt, granularity="block", block=128, scale="fp32", rounding="nea
     return codes, scales
 
 
-Counts = collections.namedtuple("Counts", ["saturated", "underflowed", "nonfinite"])
+Counts = collections.namedtuple("Counts", ["saturated", "underflowed", "nonfinite", "bad_scale"])
 Counts.__doc__ = """prism_quant_counts of one call: `saturated` finite elements whose code the
 format's largest value replaced (the clamp changed it), `underflowed` finite non-zero elements
-written as code 0, `nonfinite` NaN/Inf elements (code 0, in neither of the others)."""
+written as code 0, `nonfinite` NaN/Inf elements (code 0, in neither of the others), `bad_scale`
+groups whose given scale was not finite and > 0 (quantize_scaled on CUDA data only: every element
+code 0; on host data such scales raise)."""
 
 
 def _counts_buffer(a):
-    """Where a kernel writes its counts: a ctypes struct for host data, a device tensor of three
-    int64 (the struct's three uint64) for CUDA data."""
+    """Where a kernel writes its counts: a ctypes struct for host data, a device tensor of four
+    int64 (the struct's four uint64) for CUDA data."""
     if a.device is not None:
         torch = _torch()
-        return torch.zeros(3, dtype=torch.int64, device=a.device)
+        return torch.zeros(4, dtype=torch.int64, device=a.device)
     return _lib.QuantCounts()
 
 
 def _counts_of(buf):
     if isinstance(buf, _lib.QuantCounts):
-        return Counts(buf.saturated, buf.underflowed, buf.nonfinite)
-    sat, und, bad = (int(v) for v in buf.tolist())
-    return Counts(sat, und, bad)
+        return Counts(buf.saturated, buf.underflowed, buf.nonfinite, buf.bad_scale)
+    return Counts(*(int(v) for v in buf.tolist()))
 
 
 def _counts_ptr(buf):
@@ -401,7 +402,7 @@ def quantize_counted(x, fmt, granularity="block", block=128, scale="fp32", round
     """quantize(), plus what it clipped: returns (codes, scales, Counts).
 
     The codes and scales are quantize()'s, bit for bit; Counts(saturated, underflowed,
-    nonfinite) are the call's (include/prism/kernels.h defines them: with nearest rounding an
+    nonfinite, bad_scale 0) are the call's (include/prism/kernels.h defines them: with nearest rounding an
     INT8 element saturates when |x / s| >= 127.5, INT4 >= 7.5, FP8 E4M3 > 464, E5M2 >= 61440).
     The arguments are quantize()'s."""
     a = _arg(x, "x", "float")
@@ -431,9 +432,11 @@ def quantize_scaled(x, scales, fmt, granularity="block", block=128, rounding="ne
     amax a float32 array with each group's largest finite |x| (0 when none), for a
     delayed-scaling history, and the call's Counts (see quantize_counted).
 
-    scales: float32, on the host or x's CUDA device; every one finite and > 0, else
-        PrismInvalidError "scales[G]: V is not a finite scale > 0". With the scales quantize()
-        returns, the codes are quantize()'s.
+    scales: float32, on the host or x's CUDA device; every one finite and > 0. On the host a
+        bad one raises PrismInvalidError "scales[G]: V is not a finite scale > 0"; on the device
+        (never read by the host, so the call does not wait for the GPU) its group's codes are 0
+        and Counts.bad_scale counts it. With the scales quantize() returns, the codes are
+        quantize()'s.
     The other arguments are quantize()'s (there is no `scale`: the scales are given)."""
     a = _arg(x, "x", "float")
     s = _arg(scales, "scales", "f32")

@@ -39,10 +39,10 @@ def above(v):
 
 
 class Layout(unittest.TestCase):
-    def test_counts_struct_is_three_uint64(self):
-        self.assertEqual(ctypes.sizeof(_lib.QuantCounts), 24)
+    def test_counts_struct_is_four_uint64(self):
+        self.assertEqual(ctypes.sizeof(_lib.QuantCounts), 32)
         self.assertEqual([getattr(_lib.QuantCounts, n).offset
-                          for n in ("saturated", "underflowed", "nonfinite")], [0, 8, 16])
+                          for n in ("saturated", "underflowed", "nonfinite", "bad_scale")], [0, 8, 16, 24])
 
 
 class Scaled(unittest.TestCase):
@@ -51,13 +51,13 @@ class Scaled(unittest.TestCase):
         codes, amax, counts = prism.quantize_scaled(x, arr(1, 1, 0.5), "int8", block=3)
         self.assertEqual(codes.tolist(), [1, 0xfb, 2, 0, 0, 0, 0, 6])  # -0.25 / 0.5 rounds to 0
         self.assertEqual(amax.tolist(), [5.0, 0.0, 3.0])
-        self.assertEqual(counts, Counts(saturated=0, underflowed=1, nonfinite=1))
+        self.assertEqual(counts, Counts(saturated=0, underflowed=1, nonfinite=1, bad_scale=0))
         # Rows of 4 with a small scale on the second: 3 / 0.01 = 300 saturates.
         codes, amax, counts = prism.quantize_scaled(x.reshape(2, 4), arr(0.5, 0.01), "int8",
                                                     granularity="row")
         self.assertEqual(codes.tolist(), [2, 0xf6, 4, 0, 0, 0, 0xe7, 0x7f])
         self.assertEqual(amax.tolist(), [5.0, 3.0])
-        self.assertEqual(counts, Counts(1, 0, 1))
+        self.assertEqual(counts, Counts(1, 0, 1, 0))
 
     def test_nearest_saturation_boundaries(self):
         cases = {
@@ -79,7 +79,7 @@ class Scaled(unittest.TestCase):
         codes, _, counts = prism.quantize_scaled(arr(0.5, -0.5, above(0.5), 0, 1e-45, 1.5, 7),
                                                  arr(1.0), "int4", granularity="tensor")
         self.assertEqual(codes.tolist(), [0x00, 0x01, 0x20, 0x07])  # nibbles 0 0, 1 0, 0 2, 7 (0)
-        self.assertEqual(counts, Counts(0, 3, 0))
+        self.assertEqual(counts, Counts(0, 3, 0, 0))
 
     def test_given_scales_equal_to_quantize_give_its_codes(self):
         rng = np.random.default_rng(17)

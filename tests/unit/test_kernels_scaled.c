@@ -121,7 +121,7 @@ static void test_nearest_saturation_boundaries_of_every_format(void)
     };
     for (size_t c = 0; c < COUNT(cases); c++) {
         uint8_t code = 0xa5;
-        prism_quant_counts counts = {9, 9, 9};
+        prism_quant_counts counts = {9, 9, 9, 9};
         float amax = -1.0f;
         CU_ASSERT_EQUAL_FATAL(quantize_one_scale(cases[c].format, PRISM_ROUNDING_NEAREST, 0,
                                                  &cases[c].x, 1, cases[c].s, &code, &counts, &amax),
@@ -133,6 +133,7 @@ static void test_nearest_saturation_boundaries_of_every_format(void)
                     (double)cases[c].s, got, cases[c].code, (unsigned long long)counts.saturated);
         CU_ASSERT_EQUAL(got, cases[c].code);
         CU_ASSERT_EQUAL(counts.saturated, cases[c].saturated);
+        CU_ASSERT_EQUAL(counts.bad_scale, 0); /* set: the CPU refuses bad scales instead */
         CU_ASSERT_EQUAL(counts.underflowed, 0);
         CU_ASSERT_EQUAL(counts.nonfinite, 0);
         CU_ASSERT_EQUAL(amax, fabsf(cases[c].x));
@@ -365,7 +366,7 @@ static void test_bad_scales_are_refused_by_group(void)
     for (size_t c = 0; c < COUNT(cases); c++) {
         uint8_t codes[6];
         float amax[3] = {-1, -1, -1};
-        prism_quant_counts counts = {7, 7, 7};
+        prism_quant_counts counts = {7, 7, 7, 7};
         prism_error err = {0};
         memset(codes, 0xa5, sizeof codes);
         CU_ASSERT_EQUAL(prism_quantize_scaled_cpu(&spec, &t, cases[c].scales, codes, amax, &counts, &err),
@@ -382,7 +383,7 @@ static void test_bad_scales_are_refused_by_group(void)
     CU_ASSERT_STRING_EQUAL(err.message, "quantize: codes or scales is NULL");
     /* Nothing to quantize: no scales needed, counts zeroed. */
     prism_tensor empty = {NULL, 0, PRISM_DTYPE_F32};
-    prism_quant_counts counts = {7, 7, 7};
+    prism_quant_counts counts = {7, 7, 7, 7};
     CU_ASSERT_EQUAL(prism_quantize_scaled_cpu(&spec, &empty, NULL, NULL, NULL, &counts, &err), PRISM_OK);
     CU_ASSERT_EQUAL(counts.saturated + counts.underflowed + counts.nonfinite, 0);
     CU_ASSERT_EQUAL(prism_quantize_counted_cpu(&spec, &empty, NULL, NULL, &counts, &err), PRISM_OK);
@@ -577,7 +578,7 @@ static size_t row_of(size_t n)
 static void own_counts(const prism_quant_spec *spec, const prism_tensor *x, const float *scales,
                        size_t group_len, const uint8_t *codes, prism_quant_counts *out)
 {
-    prism_quant_counts c = {0, 0, 0};
+    prism_quant_counts c = {0};
     for (size_t i = 0; i < x->numel; i++) {
         float v = element(x, i);
         if (isnan(v) || isinf(v)) {
@@ -637,7 +638,7 @@ static void test_given_scales_reproduce_quantize_and_counts(void)
                         uint8_t *cq = xmalloc(bytes), *cc = xmalloc(bytes), *cs = xmalloc(bytes);
                         float *sq = xmalloc(groups * 4), *sc = xmalloc(groups * 4), *am = xmalloc(groups * 4);
                         uint64_t bad = 9;
-                        prism_quant_counts counted = {9, 9, 9}, scaled = {8, 8, 8}, own;
+                        prism_quant_counts counted = {9, 9, 9, 9}, scaled = {8, 8, 8, 8}, own;
                         bool ok = prism_quantize_cpu(&spec, &x, cq, sq, &bad, &err) == PRISM_OK &&
                                   prism_quantize_counted_cpu(&spec, &x, cc, sc, &counted, &err) == PRISM_OK &&
                                   prism_quantize_scaled_cpu(&spec, &x, sq, cs, am, &scaled, &err) == PRISM_OK;

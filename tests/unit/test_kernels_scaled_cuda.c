@@ -194,12 +194,13 @@ static bool same_bytes(const char *what, const char *part, const void *want, con
 static bool same_counts(const char *what, const prism_quant_counts *want, const prism_quant_counts *got)
 {
     if (want->saturated == got->saturated && want->underflowed == got->underflowed &&
-        want->nonfinite == got->nonfinite)
+        want->nonfinite == got->nonfinite && want->bad_scale == got->bad_scale)
         return true;
-    show_failure(what, "counts: cpu %llu/%llu/%llu, cuda %llu/%llu/%llu",
+    show_failure(what, "counts: cpu %llu/%llu/%llu/%llu, cuda %llu/%llu/%llu/%llu",
                  (unsigned long long)want->saturated, (unsigned long long)want->underflowed,
-                 (unsigned long long)want->nonfinite, (unsigned long long)got->saturated,
-                 (unsigned long long)got->underflowed, (unsigned long long)got->nonfinite);
+                 (unsigned long long)want->nonfinite, (unsigned long long)want->bad_scale,
+                 (unsigned long long)got->saturated, (unsigned long long)got->underflowed,
+                 (unsigned long long)got->nonfinite, (unsigned long long)got->bad_scale);
     return false;
 }
 
@@ -416,26 +417,52 @@ static void test_refuses_what_the_cpu_refuses_with_its_message(void)
 }
 
 /* Scales that are not finite and > 0 are named by group, on device memory. */
-static void test_bad_device_scales_are_named_like_the_cpu(void)
+/* Bad scales in device memory: the host never reads them (no wait on the stream). A group whose
+ * scale is 0, negative, NaN or Inf gets code 0 for every element and is counted in bad_scale, its
+ * elements in neither saturated nor underflowed (a NaN element still in nonfinite); the other
+ * groups are quantized as the CPU does under their scales (1 here: the codes are the values); amax
+ * is every group's own. The CPU refuses the same scales by name. */
+static void test_bad_device_scales_are_code_zero_and_counted(void)
 {
     if (skip_without_device())
         return;
-    float x[6] = {1, 2, 3, 4, 5, 6};
+    float x[7] = {1, 2, 3, 4, 5, 6, NAN};
+    const float cases[][4] = {{1, 0, 1, 1}, {1, -1, 1, 1}, {1, 1, NAN, 1}, {INFINITY, 1, 1, 1}, {0, 0, 0, NAN}};
+    const uint8_t want_codes[][7] = {{1, 2, 0, 0, 5, 6, 0}, {1, 2, 0, 0, 5, 6, 0}, {1, 2, 3, 4, 0, 0, 0},
+                                     {0, 0, 3, 4, 5, 6, 0}, {0, 0, 0, 0, 0, 0, 0}};
+    const uint64_t want_bad[] = {1, 1, 1, 1, 4};
+    const float want_amax[4] = {2, 4, 6, 0};
+    float *dx = dev_upload(x, sizeof x, 0), *ds = dev_alloc(4 * 4), *damax = dev_alloc(4 * 4);
+    uint8_t codes[7], *dcodes = dev_alloc(7);
+    prism_quant_counts *dcounts = dev_alloc(sizeof *dcounts);
     prism_quant_spec spec = {.format = PRISM_PRECISION_INT8, .granularity = PRISM_GRANULARITY_BLOCK, .group = 2};
-    prism_tensor t = {x, 6, PRISM_DTYPE_F32};
-    const float cases[][3] = {{1, 0, 1}, {1, -1, 1}, {1, 1, NAN}, {INFINITY, 1, 1}};
-    float *dx = dev_upload(x, sizeof x, 0), *ds = dev_alloc(3 * 4);
-    uint8_t codes[6], *dcodes = dev_alloc(6);
-    prism_tensor gt = {dx, 6, PRISM_DTYPE_F32};
+    prism_tensor t = {x, 7, PRISM_DTYPE_F32}, gt = {dx, 7, PRISM_DTYPE_F32};
     for (size_t c = 0; c < COUNT(cases); c++) {
-        CU_ASSERT_EQUAL_FATAL(cudaMemcpy(ds, cases[c], 3 * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_SAME_REFUSAL(prism_quantize_scaled_cpu(&spec, &t, cases[c], codes, NULL, NULL, err),
-                            prism_quantize_scaled_cuda(&spec, &gt, ds, dcodes, NULL, NULL,
-                                                       (prism_cuda_stream)test_stream(), err));
+        prism_error err = {0};
+        CU_ASSERT_EQUAL(prism_quantize_scaled_cpu(&spec, &t, cases[c], codes, NULL, NULL, &err), PRISM_ERR_INVALID);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "is not a finite scale > 0"));
+        CU_ASSERT_EQUAL_FATAL(cudaMemcpy(ds, cases[c], 4 * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        CU_ASSERT_EQUAL_FATAL(prism_quantize_scaled_cuda(&spec, &gt, ds, dcodes, damax, dcounts,
+                                                         (prism_cuda_stream)test_stream(), &err),
+                              PRISM_OK);
+        CU_ASSERT_EQUAL_FATAL(cudaStreamSynchronize(test_stream()), cudaSuccess);
+        prism_quant_counts got;
+        float amax[4];
+        dev_download(codes, dcodes, sizeof codes);
+        dev_download(&got, dcounts, sizeof got);
+        dev_download(amax, damax, sizeof amax);
+        CU_ASSERT(memcmp(codes, want_codes[c], sizeof codes) == 0);
+        CU_ASSERT(memcmp(amax, want_amax, sizeof amax) == 0);
+        CU_ASSERT_EQUAL(got.saturated, 0);
+        CU_ASSERT_EQUAL(got.underflowed, 0);
+        CU_ASSERT_EQUAL(got.nonfinite, 1);
+        CU_ASSERT_EQUAL(got.bad_scale, want_bad[c]);
     }
     cudaFree(dx);
     cudaFree(ds);
+    cudaFree(damax);
     cudaFree(dcodes);
+    cudaFree(dcounts);
 }
 
 static void test_empty_calls_succeed_without_gpu_work(void)
@@ -450,7 +477,7 @@ static void test_empty_calls_succeed_without_gpu_work(void)
 static const prism_test_case cases[] = {
     {"test_refuses_what_the_cpu_refuses_with_its_message", test_refuses_what_the_cpu_refuses_with_its_message},
     {"test_empty_calls_succeed_without_gpu_work", test_empty_calls_succeed_without_gpu_work},
-    {"test_bad_device_scales_are_named_like_the_cpu", test_bad_device_scales_are_named_like_the_cpu},
+    {"test_bad_device_scales_are_code_zero_and_counted", test_bad_device_scales_are_code_zero_and_counted},
     {"test_boundaries_count_as_on_the_cpu", test_boundaries_count_as_on_the_cpu},
     {"test_scaled_and_counted_nearest_match_cpu_bit_for_bit",
      test_scaled_and_counted_nearest_match_cpu_bit_for_bit},

@@ -105,7 +105,7 @@ static uint16_t *reference(prism_precision p, prism_scale_mode scale_mode, const
 static void expect_counts(prism_transfer *t, uint32_t id, prism_precision p, const prism_quant_counts *want,
                           size_t n)
 {
-    prism_quant_counts got = {99, 99, 99};
+    prism_quant_counts got = {99, 99, 99, 99};
     size_t numel = 1;
     prism_error err = {0};
     ok(prism_transfer_block_counts(t, id, p, &got, &numel, &err), &err, "block_counts");
@@ -314,7 +314,7 @@ static void test_set_scale_mode_starts_afresh(void)
     free(ref);
 
     ok(prism_transfer_set_scale_mode(t, PRISM_TRANSFER_SCALE_DELAYED, 4, 0, &err), &err, "delayed");
-    prism_quant_counts got = {1, 1, 1};
+    prism_quant_counts got = {1, 1, 1, 1};
     size_t numel = 1;
     ok(prism_transfer_block_counts(t, 4, p, &got, &numel, &err), &err, "block_counts");
     CU_ASSERT_EQUAL(numel, 0);
