@@ -25,11 +25,6 @@ typedef struct transfer_image {
     /* The last prepare's counts and elements (0 when none since registration / set_scale_mode). */
     prism_quant_counts counts;
     size_t counted_numel;
-    /* DELAYED: a ring of the last hist_count (at most the engine's hist_len) prepares' per-group
-     * amax, groups floats each; hist_next is the slot the next prepare writes. */
-    float *hist;
-    uint32_t hist_count;
-    uint32_t hist_next;
 } transfer_image;
 
 typedef struct transfer_block {
@@ -39,6 +34,18 @@ typedef struct transfer_block {
     /* Each group's largest finite |x| of the weights as registered (add_block), for STATIC
      * scales; one per group (the groups are the same in every low format). */
     float *reg_amax;
+    size_t groups; /* scales per image: the same in every low format */
+    /* DELAYED (allocated while it is the mode): a ring of the amax of the last hist_count (at
+     * most the engine's hist_len) weight versions that were prepared, in any format, groups
+     * floats each; hist_next is the slot the next version's goes to. cur_max: the history max
+     * the current version's scales come from (valid when cur_ready); cur_pushed: the current
+     * version's amax is in the ring. One history per block, whatever the formats fetched. */
+    float *hist;
+    float *cur_max;
+    uint32_t hist_count;
+    uint32_t hist_next;
+    bool cur_ready;
+    bool cur_pushed;
     transfer_image img[PRISM_PRECISION_COUNT]; /* [BF16] unused */
     uint64_t last_seq; /* the last transfer that read host or an image */
 } transfer_block;
@@ -272,9 +279,10 @@ void prism_transfer_destroy(prism_transfer *t)
         host_free(t, b->host);
         for (int p = 0; p < PRISM_PRECISION_COUNT; p++) {
             host_free(t, b->img[p].data);
-            free(b->img[p].hist);
         }
         free(b->reg_amax);
+        free(b->hist);
+        free(b->cur_max);
     }
     free(t->blocks);
     free(t->scratch);
@@ -291,6 +299,27 @@ const char *prism_transfer_backend_name(const prism_transfer *t)
 }
 
 /* ---- blocks ------------------------------------------------------------------------------- */
+
+/* A block's DELAYED state for hist_len versions of `groups` amax: *hist and *cur_max, both freed
+ * on failure. */
+static prism_status delayed_alloc(size_t groups, uint32_t hist_len, float **hist, float **cur_max,
+                                  prism_error *err)
+{
+    *hist = NULL;
+    *cur_max = NULL;
+    if (groups > SIZE_MAX / sizeof(float) / hist_len)
+        return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: too large");
+    *hist = malloc((size_t)hist_len * groups * sizeof(float));
+    *cur_max = malloc(groups * sizeof(float));
+    if (!*hist || !*cur_max) {
+        free(*hist);
+        free(*cur_max);
+        *hist = *cur_max = NULL;
+        return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: %zu floats not available",
+                               (size_t)hist_len * groups + groups);
+    }
+    return PRISM_OK;
+}
 
 /* Each group's largest finite |x| of numel BF16 weights (0 when none), the groups of the engine's
  * spec: consecutive runs of the layout's group length (the last one shorter under BLOCK), the
@@ -358,14 +387,21 @@ prism_status prism_transfer_add_block(prism_transfer *t, uint32_t block_id, cons
         t->capacity = cap;
     }
     transfer_block *b = &t->blocks[block_id];
-    float *reg_amax = malloc(layout[PRISM_PRECISION_INT8].groups * sizeof *reg_amax);
+    size_t groups = layout[PRISM_PRECISION_INT8].groups;
+    float *reg_amax = malloc(groups * sizeof *reg_amax), *hist = NULL, *cur_max = NULL;
     if (!reg_amax)
         return prism_error_set(err, PRISM_ERR_NOMEM, "block %u: %zu group maxima not available", (unsigned)block_id,
-                               layout[PRISM_PRECISION_INT8].groups);
+                               groups);
+    prism_status st = PRISM_OK;
+    if (t->scale_mode == PRISM_TRANSFER_SCALE_DELAYED)
+        st = delayed_alloc(groups, t->hist_len, &hist, &cur_max, err);
     void *host = NULL;
-    prism_status st = host_alloc(t, numel * 2, &host, err);
+    if (st == PRISM_OK)
+        st = host_alloc(t, numel * 2, &host, err);
     if (st != PRISM_OK) {
         free(reg_amax);
+        free(hist);
+        free(cur_max);
         return st;
     }
     memcpy(host, bf16, numel * 2);
@@ -375,6 +411,9 @@ prism_status prism_transfer_add_block(prism_transfer *t, uint32_t block_id, cons
     b->numel = numel;
     b->host = host;
     b->reg_amax = reg_amax;
+    b->groups = groups;
+    b->hist = hist;
+    b->cur_max = cur_max;
     for (int p = 1; p < PRISM_PRECISION_COUNT; p++)
         b->img[p] = layout[p];
     return PRISM_OK;
@@ -403,6 +442,8 @@ prism_status prism_transfer_update_block(prism_transfer *t, uint32_t block_id,
     memcpy(b->host, bf16, numel * 2);
     for (int p = 1; p < PRISM_PRECISION_COUNT; p++)
         b->img[p].valid = false;
+    b->cur_ready = false; /* a new weight version */
+    b->cur_pushed = false;
     return PRISM_OK;
 }
 
@@ -420,55 +461,49 @@ static prism_status scratch(prism_transfer *t, size_t n, float **out, prism_erro
     return PRISM_OK;
 }
 
-/* DELAYED: the scales from the history (or, when it is empty, from a first pass over x), one
- * pass that makes the codes and this prepare's amax, and that amax pushed into the history. */
-static prism_status quantize_delayed(prism_transfer *t, transfer_image *img, const prism_quant_spec *spec,
+/* DELAYED: the scales of the block's current weight version in format spec->format, from the
+ * max of its history's amax (the versions before it; for the first version, its own amax, found
+ * by a pass that only reads), the same max for every format of the version; one pass that makes
+ * the codes and, at the version's first prepare, its amax, which then enters the history. */
+static prism_status quantize_delayed(prism_transfer *t, transfer_block *b, const prism_quant_spec *spec,
                                      const prism_tensor *x, float *scales, prism_quant_counts *counts,
                                      prism_error *err)
 {
-    size_t g_count = img->groups;
-    if (!img->hist) {
-        if (g_count > SIZE_MAX / sizeof(float) / t->hist_len)
-            return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: too large");
-        img->hist = malloc((size_t)t->hist_len * g_count * sizeof(float));
-        if (!img->hist)
-            return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: %zu floats not available",
-                                   (size_t)t->hist_len * g_count);
-        img->hist_count = 0;
-        img->hist_next = 0;
+    size_t g_count = b->groups;
+    assert(b->hist && b->cur_max); /* allocated while the mode is DELAYED */
+    if (!b->cur_ready) {
+        if (b->hist_count == 0) {
+            group_amax(t, b->host, b->numel, b->cur_max);
+        } else {
+            for (size_t g = 0; g < g_count; g++) {
+                float m = 0.0f;
+                for (uint32_t h = 0; h < b->hist_count; h++) {
+                    float v = b->hist[(size_t)h * g_count + g];
+                    if (v > m)
+                        m = v;
+                }
+                b->cur_max[g] = m;
+            }
+        }
+        b->cur_ready = true;
+        b->cur_pushed = false;
     }
+    for (size_t g = 0; g < g_count; g++)
+        scales[g] = prism_quant_scale_delayed(b->cur_max[g], t->margin, spec->format);
     float *amax = NULL;
-    prism_status st = scratch(t, g_count, &amax, err);
-    if (st != PRISM_OK)
-        return st;
-    if (img->hist_count == 0) {
-        /* No history: this prepare's own amax, found by a pass whose codes are thrown away (the
-         * scale 1 is valid for every group; the second pass overwrites the codes). */
-        for (size_t g = 0; g < g_count; g++)
-            scales[g] = 1.0f;
-        st = prism_quantize_scaled_cpu(spec, x, scales, img->data, amax, NULL, err);
+    if (!b->cur_pushed) {
+        prism_status st = scratch(t, g_count, &amax, err);
         if (st != PRISM_OK)
             return st;
-        for (size_t g = 0; g < g_count; g++)
-            scales[g] = prism_quant_scale_delayed(amax[g], t->margin, spec->format);
-    } else {
-        for (size_t g = 0; g < g_count; g++) {
-            float m = 0.0f;
-            for (uint32_t h = 0; h < img->hist_count; h++) {
-                float v = img->hist[(size_t)h * g_count + g];
-                if (v > m)
-                    m = v;
-            }
-            scales[g] = prism_quant_scale_delayed(m, t->margin, spec->format);
-        }
     }
-    st = prism_quantize_scaled_cpu(spec, x, scales, img->data, amax, counts, err);
-    if (st != PRISM_OK)
+    prism_status st = prism_quantize_scaled_cpu(spec, x, scales, b->img[spec->format].data, amax, counts, err);
+    if (st != PRISM_OK || b->cur_pushed)
         return st;
-    memcpy(img->hist + (size_t)img->hist_next * g_count, amax, g_count * sizeof(float));
-    img->hist_next = (img->hist_next + 1) % t->hist_len;
-    if (img->hist_count < t->hist_len)
-        img->hist_count++;
+    memcpy(b->hist + (size_t)b->hist_next * g_count, amax, g_count * sizeof(float));
+    b->hist_next = (b->hist_next + 1) % t->hist_len;
+    if (b->hist_count < t->hist_len)
+        b->hist_count++;
+    b->cur_pushed = true;
     return PRISM_OK;
 }
 
@@ -498,7 +533,7 @@ static prism_status prepare_image(prism_transfer *t, transfer_block *b, prism_pr
     prism_status st = PRISM_OK;
     switch (t->scale_mode) {
     case PRISM_TRANSFER_SCALE_DELAYED:
-        st = quantize_delayed(t, img, &spec, &x, scales, &counts, err);
+        st = quantize_delayed(t, b, &spec, &x, scales, &counts, err);
         break;
     case PRISM_TRANSFER_SCALE_STATIC:
         /* The FP32 scales of the weights as registered: prism_quant_scale_delayed with margin 0
@@ -795,6 +830,23 @@ prism_status prism_transfer_set_scale_mode(prism_transfer *t, prism_transfer_sca
             return st;
     }
 #endif
+    /* Under DELAYED every block starts a history of hist_len versions: all allocated first, so
+     * that running out of memory changes nothing. */
+    float **fresh = NULL; /* hist and cur_max of block i at 2i, 2i + 1 */
+    if (mode == PRISM_TRANSFER_SCALE_DELAYED && t->capacity) {
+        fresh = calloc(2 * t->capacity, sizeof *fresh);
+        if (!fresh)
+            return prism_error_set(err, PRISM_ERR_NOMEM, "amax history: out of memory");
+        for (size_t i = 0; i < t->capacity && st == PRISM_OK; i++)
+            if (t->blocks[i].present)
+                st = delayed_alloc(t->blocks[i].groups, hist_len, &fresh[2 * i], &fresh[2 * i + 1], err);
+        if (st != PRISM_OK) {
+            for (size_t i = 0; i < 2 * t->capacity; i++)
+                free(fresh[i]);
+            free(fresh);
+            return st;
+        }
+    }
     for (size_t i = 0; i < t->capacity; i++) {
         transfer_block *b = &t->blocks[i];
         if (!b->present)
@@ -804,12 +856,17 @@ prism_status prism_transfer_set_scale_mode(prism_transfer *t, prism_transfer_sca
             img->valid = false;
             img->counts = (prism_quant_counts){0};
             img->counted_numel = 0;
-            free(img->hist);
-            img->hist = NULL;
-            img->hist_count = 0;
-            img->hist_next = 0;
         }
+        free(b->hist);
+        free(b->cur_max);
+        b->hist = fresh ? fresh[2 * i] : NULL;
+        b->cur_max = fresh ? fresh[2 * i + 1] : NULL;
+        b->hist_count = 0;
+        b->hist_next = 0;
+        b->cur_ready = false;
+        b->cur_pushed = false;
     }
+    free(fresh);
     t->scale_mode = mode;
     t->hist_len = hist_len;
     t->margin = scale_margin;

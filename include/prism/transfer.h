@@ -209,14 +209,15 @@ typedef enum prism_transfer_backend {
  *   CURRENT  from the block's current amax per group, as quant->scale_mode says (FP32 by
  *            default): prism_quantize_counted_cpu.
  *   POW2     the same with the scale rounded up to a power of two (Scalify).
- *   DELAYED  per block and precision, a history of the per-group amax of the last
- *            amax_history_len prepares of that image; the scale of group g is
- *            prism_quant_scale_delayed(max over the history of g's amax, scale_margin, format),
- *            and one pass of prism_quantize_scaled_cpu makes the codes and gives this prepare's
- *            amax, which then enters the history (the oldest leaves when it is full). The first
- *            prepare (empty history) takes one pass more to find its own amax and uses
- *            prism_quant_scale_delayed(that amax, scale_margin, format): with margin 0 the
- *            CURRENT (FP32) scales.
+ *   DELAYED  per block (one for all its formats), a history of the per-group amax of its last
+ *            amax_history_len weight versions that were prepared (a version: the weights of
+ *            add_block or of one update_block; one never fetched does not enter). The scale of
+ *            group g for the current version is prism_quant_scale_delayed(max of g's amax over
+ *            the history before it, scale_margin, format), the same max in every format; one
+ *            pass of prism_quantize_scaled_cpu makes the codes and, at the version's first
+ *            prepare, its amax, which then enters the history (the oldest leaves when it is
+ *            full). The first version (empty history) takes its own amax, from a pass that only
+ *            reads: with margin 0 the CURRENT (FP32) scales.
  *   STATIC   the CURRENT (FP32) scales of the weights as registered: prism_transfer_add_block
  *            keeps each group's amax, and every prepare, in every format, is
  *            prism_quantize_scaled_cpu with prism_quant_scale_delayed(that amax, 0, format), so

@@ -153,9 +153,10 @@ class Transfer:
     """A transfer engine: "cpu", or a CUDA device ("cuda", "cuda:1", a torch.device).
 
     scale_mode (the job's config key, include/prism/transfer.h): "current" (the scales of the
-    block's current amax, as `scale` says), "pow2", "delayed" (max of the last amax_history_len
-    prepares' amax times 2**scale_margin) or "static" (the scales of the weights as registered by
-    add_block, kept); set_scale_mode changes it mid-run. block_counts() gives what the last prepare clipped."""
+    block's current amax, as `scale` says), "pow2", "delayed" (max of the amax of the block's
+    last amax_history_len prepared weight versions, times 2**scale_margin) or "static" (the
+    scales of the weights as registered by add_block, kept); set_scale_mode changes it mid-run.
+    block_counts() gives what the last prepare clipped."""
 
     def __init__(self, device, max_block_bytes, staging_buffers=0, granularity="block", block=128, scale="fp32",
                  scale_mode="current", amax_history_len=0, scale_margin=0):

@@ -2,7 +2,8 @@
  * backend: each mode's fetched block is bit for bit what the kernels give with scales worked out
  * here independently (CURRENT and POW2: prism_quantize_counted_cpu; STATIC: the scales of the
  * weights as registered, whatever came after; DELAYED: prism_quant_scale_delayed over the max of
- * exactly the last N prepares' amax, computed here from the BF16 weights); each prepare's counts
+ * exactly the last N prepared versions' amax, one history per block whatever the formats,
+ * computed here from the BF16 weights); each prepare's counts
  * are the kernel's; the counters sum them; prism_transfer_set_scale_mode starts histories afresh
  * and keeps the static scales; bad values are refused naming the field. */
 #include "testutil.h"
@@ -266,6 +267,63 @@ static void test_delayed_uses_the_max_of_exactly_the_last_n_prepares(void)
     delayed_case(-2);
 }
 
+/* DELAYED keeps one history per block, whatever the formats fetched, of the versions that were
+ * prepared: history 2, margin 0. v0 in int8 and fp8: its own amax; v1 in fp8 and int8: max(v0);
+ * v2 never fetched; v3 in int4: max(v0, v1); v4 in int8: max(v1, v3) (v2 never entered, v0 left). */
+static void test_delayed_history_is_the_blocks_prepared_versions(void)
+{
+    const size_t n = 1000;
+    const size_t groups = groups_of(PRISM_PRECISION_INT8, n);
+    static const struct {
+        int version;
+        prism_precision p;
+        int from[2]; /* the versions whose amax max gives the scales; -1: none */
+    } fetches[] = {
+        {0, PRISM_PRECISION_INT8, {0, -1}},     {0, PRISM_PRECISION_FP8_E4M3, {0, -1}},
+        {1, PRISM_PRECISION_FP8_E4M3, {0, -1}}, {1, PRISM_PRECISION_INT8, {0, -1}},
+        {3, PRISM_PRECISION_INT4, {0, 1}},      {4, PRISM_PRECISION_INT8, {1, 3}},
+    };
+    uint16_t *w[5];
+    float *amax = malloc(5 * groups * sizeof *amax), *scales = malloc(groups * sizeof *scales);
+    uint16_t *dst = malloc(n * sizeof *dst);
+    CU_ASSERT_FATAL(amax && scales && dst);
+    for (int v = 0; v < 5; v++) {
+        w[v] = make_weights(n, 40 + (uint32_t)v, v % 3);
+        amax_by_hand(w[v], n, amax + (size_t)v * groups);
+    }
+    prism_transfer *t = make_engine(PRISM_TRANSFER_SCALE_DELAYED, 2, 0, n);
+    prism_error err = {0};
+    ok(prism_transfer_add_block(t, 2, w[0], n, &err), &err, "add");
+    int version = 0;
+    for (size_t i = 0; i < sizeof fetches / sizeof fetches[0]; i++) {
+        while (version < fetches[i].version) {
+            version++;
+            ok(prism_transfer_update_block(t, 2, w[version], n, &err), &err, "update");
+        }
+        for (size_t g = 0; g < groups; g++) {
+            float m = 0.0f;
+            for (int h = 0; h < 2; h++)
+                if (fetches[i].from[h] >= 0)
+                    m = fmaxf(m, amax[(size_t)fetches[i].from[h] * groups + g]);
+            scales[g] = prism_quant_scale_delayed(m, 0, fetches[i].p);
+        }
+        prism_quant_counts want = {0};
+        uint16_t *ref = reference(fetches[i].p, PRISM_SCALE_FP32, w[version], n, scales, NULL, &want);
+        fetch_ok(t, 2, fetches[i].p, dst);
+        if (memcmp(dst, ref, n * sizeof *dst) != 0)
+            fprintf(stderr, "delayed history: fetch %zu differs\n", i);
+        CU_ASSERT(memcmp(dst, ref, n * sizeof *dst) == 0);
+        expect_counts(t, 2, fetches[i].p, &want, n);
+        free(ref);
+    }
+    prism_transfer_destroy(t);
+    for (int v = 0; v < 5; v++)
+        free(w[v]);
+    free(amax);
+    free(scales);
+    free(dst);
+}
+
 /* With margin 0 the first delayed prepare is the CURRENT image. */
 static void test_delayed_first_prepare_is_current_with_margin_zero(void)
 {
@@ -413,6 +471,7 @@ static void test_bad_scale_values_are_refused_naming_the_field(void)
 static const prism_test_case cases[] = {
     {"test_current_and_pow2_are_the_counted_kernel", test_current_and_pow2_are_the_counted_kernel},
     {"test_static_takes_the_scales_of_the_registered_weights", test_static_takes_the_scales_of_the_registered_weights},
+    {"test_delayed_history_is_the_blocks_prepared_versions", test_delayed_history_is_the_blocks_prepared_versions},
     {"test_delayed_uses_the_max_of_exactly_the_last_n_prepares",
      test_delayed_uses_the_max_of_exactly_the_last_n_prepares},
     {"test_delayed_first_prepare_is_current_with_margin_zero", test_delayed_first_prepare_is_current_with_margin_zero},
