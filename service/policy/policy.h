@@ -225,8 +225,11 @@ void prism_policy_progress_get(const prism_policy *p, prism_policy_progress *out
 /* Copies W (oldest first) into out, room for PRISM_LOSS_WINDOW_MAX doubles; returns the count. */
 size_t prism_policy_loss_window(const prism_policy *p, double *out);
 
-/* The record of the block at index (ascending id order, as prism_policy_block); out->window
- * must point to room for PRISM_WINDOW_MAX doubles. */
+/* The record of the block at index (ascending id order, as prism_policy_block). The caller sets
+ * four fields before the call, all others are written: out->window, room for PRISM_WINDOW_MAX
+ * doubles; and window_has_saturation, window_saturated, window_underflowed, either all NULL (the
+ * figures are not wanted) or each room for PRISM_WINDOW_MAX entries. Start from a zeroed record
+ * (`prism_block_record r = {.window = room};`): a pointer left uninitialised is written through. */
 void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_record *out);
 
 /* Puts a saved state into a policy that has seen no step yet. Each block's view (its scores of
