@@ -33,7 +33,7 @@ struct prism_policy {
     double *sat_val, *und_val; /* cap_blocks * stride: its saturated and underflowed fractions */
     size_t stride;         /* the history_window the array was laid out for */
     double *losses;        /* W: ring of loss_cap values */
-    double *loss_scratch;  /* loss_cap values, for the median */
+    double *loss_sorted;   /* W's loss_len values in ascending order (room for loss_cap), for the median */
     size_t loss_cap, loss_len, loss_head;
     prism_policy_counters counters;
     uint32_t *order;       /* slots of reported blocks in ascending id order */
@@ -101,6 +101,12 @@ static prism_status nomem(prism_error *err)
     return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory");
 }
 
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Gives W room for cap losses, keeping its newest values (oldest first at index 0). */
 static prism_status resize_losses(prism_policy *p, size_t cap, prism_error *err)
 {
@@ -113,43 +119,59 @@ static prism_status resize_losses(prism_policy *p, size_t cap, prism_error *err)
     }
     size_t keep = p->loss_len < cap ? p->loss_len : cap;
     for (size_t i = 0; i < keep; i++)
-        nl[i] = p->losses[(p->loss_head + p->loss_len - keep + i) % p->loss_cap];
+        ns[i] = nl[i] = p->losses[(p->loss_head + p->loss_len - keep + i) % p->loss_cap];
+    qsort(ns, keep, sizeof *ns, compare_double);
     free(p->losses);
-    free(p->loss_scratch);
+    free(p->loss_sorted);
     p->losses = nl;
-    p->loss_scratch = ns;
+    p->loss_sorted = ns;
     p->loss_cap = cap;
     p->loss_len = keep;
     p->loss_head = 0;
     return PRISM_OK;
 }
 
+/* The first index of the n sorted values at which v could go without breaking the order after
+ * it (values < v before it); W holds finite values only. */
+static size_t sorted_lower(const double *sorted, size_t n, double v)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Appends loss to W (the oldest leaves when W is full), keeping loss_sorted in step: O(W) moves
+ * instead of a sort per step. */
 static void loss_push(prism_policy *p, double loss)
 {
     if (p->loss_len < p->loss_cap) {
         p->losses[(p->loss_head + p->loss_len) % p->loss_cap] = loss;
         p->loss_len++;
     } else {
+        double old = p->losses[p->loss_head];
+        size_t at = sorted_lower(p->loss_sorted, p->loss_len, old); /* an equal value: any one will do */
+        memmove(p->loss_sorted + at, p->loss_sorted + at + 1, (p->loss_len - at - 1) * sizeof(double));
         p->losses[p->loss_head] = loss;
         p->loss_head = (p->loss_head + 1) % p->loss_cap;
     }
+    size_t n = p->loss_len - 1; /* the sorted values besides the new one */
+    size_t at = sorted_lower(p->loss_sorted, n, loss);
+    memmove(p->loss_sorted + at + 1, p->loss_sorted + at, (n - at) * sizeof(double));
+    p->loss_sorted[at] = loss;
 }
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of W (not empty): the middle value of a sorted copy, or the mean of the two middle
+/* The median of W (not empty): the middle value in ascending order, or the mean of the two middle
  * values of an even count. */
-static double loss_median(prism_policy *p)
+static double loss_median(const prism_policy *p)
 {
-    for (size_t i = 0; i < p->loss_len; i++)
-        p->loss_scratch[i] = p->losses[(p->loss_head + i) % p->loss_cap];
-    qsort(p->loss_scratch, p->loss_len, sizeof *p->loss_scratch, compare_double);
     size_t m = p->loss_len / 2;
-    return p->loss_len % 2 ? p->loss_scratch[m] : (p->loss_scratch[m - 1] + p->loss_scratch[m]) / 2.0;
+    return p->loss_len % 2 ? p->loss_sorted[m] : (p->loss_sorted[m - 1] + p->loss_sorted[m]) / 2.0;
 }
 
 prism_policy *prism_policy_create(const prism_config *cfg, prism_error *err)
@@ -188,7 +210,7 @@ void prism_policy_destroy(prism_policy *p)
     free(p->sat_val);
     free(p->und_val);
     free(p->losses);
-    free(p->loss_scratch);
+    free(p->loss_sorted);
     free(p->order);
     free(p->changes);
     free(p->step_slots);

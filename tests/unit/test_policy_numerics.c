@@ -246,6 +246,55 @@ static const char *const SPIKE =
     " \"history_window\": 1, \"min_steps_between_switches\": 100, \"loss_spike_factor\": 2,"
     " \"loss_spike_window\": 3, \"loss_spike_hold_steps\": 10, \"apply_lag_steps\": 2}";
 
+static int ascending(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median kept in step with W (sorted on each push) is the median of a sorted copy: 600 steps
+ * of losses with many repeats, windows of odd and even length; each step's loss_spike is the
+ * reference's (a spike: loss > 1.25 x the median of a full W, and kept out of W). */
+static void test_spike_median_matches_a_sorted_copy_over_many_steps(void)
+{
+    for (int window = 6; window <= 7; window++) {
+        char extra[96];
+        snprintf(extra, sizeof extra, "{\"loss_spike_window\": %d, \"loss_spike_factor\": 1.25}", window);
+        prism_policy *p = make_policy(SPIKE, extra);
+        double ring[7], sorted[7];
+        size_t len = 0, head = 0, spikes = 0;
+        uint32_t seed = 12345;
+        for (uint64_t step = 1; step <= 600; step++) {
+            seed = seed * 1664525u + 1013904223u;
+            double loss = 1.0 + (double)((seed >> 16) % 9) * 0.125; /* 1 .. 2, 9 values */
+            bool want = false;
+            if (len == (size_t)window) {
+                for (size_t i = 0; i < len; i++)
+                    sorted[i] = ring[(head + i) % (size_t)window];
+                qsort(sorted, len, sizeof *sorted, ascending);
+                double median = len % 2 ? sorted[len / 2] : (sorted[len / 2 - 1] + sorted[len / 2]) / 2.0;
+                want = loss > 1.25 * median;
+            }
+            if (!want) {
+                if (len < (size_t)window) {
+                    ring[(head + len) % (size_t)window] = loss;
+                    len++;
+                } else {
+                    ring[head] = loss;
+                    head = (head + 1) % (size_t)window;
+                }
+            }
+            prism_step_result r;
+            feed_pair(p, step, 0.625, loss, &r);
+            CU_ASSERT_EQUAL(r.loss_spike, want);
+            spikes += want;
+        }
+        CU_ASSERT(spikes > 10); /* the losses do spike, and W moves on */
+        CU_ASSERT_EQUAL(counters(p).loss_spikes, spikes);
+        prism_policy_destroy(p);
+    }
+}
+
 static void test_spike_off_the_schedule_is_a_decision_of_its_own(void)
 {
     prism_policy *p = make_policy(SPIKE, NULL);
@@ -929,6 +978,7 @@ static void test_save_and_restore_keep_w_holds_counters_and_saturation_figures(v
 
 static const prism_test_case cases[] = {
     {"test_spike_detection_uses_the_median_of_the_full_window", test_spike_detection_uses_the_median_of_the_full_window},
+    {"test_spike_median_matches_a_sorted_copy_over_many_steps", test_spike_median_matches_a_sorted_copy_over_many_steps},
     {"test_w_is_kept_with_factor_zero_and_a_new_factor_waits_for_the_decision",
      test_w_is_kept_with_factor_zero_and_a_new_factor_waits_for_the_decision},
     {"test_a_new_loss_spike_window_keeps_the_newest_losses", test_a_new_loss_spike_window_keeps_the_newest_losses},
