@@ -48,7 +48,18 @@ struct prism_policy {
     size_t nchanges, cap_changes;
     uint32_t *step_slots;  /* scratch: slot of each record of the current step */
     size_t cap_step_slots;
+    uint64_t *order_keys;  /* scratch of refresh_order, cap_order_keys entries */
+    size_t cap_order_keys;
 };
+
+/* The arrays a pending config needs (a new history_window's windows, a new loss_spike_window's
+ * W), allocated before a step changes anything so that applying it cannot fail. */
+typedef struct config_room {
+    bool windows, losses;
+    double *nw, *nsv, *nuv;
+    uint8_t *nh;
+    double *nl, *ns;
+} config_room;
 
 const char *prism_reason_name(prism_reason r)
 {
@@ -107,16 +118,24 @@ static int compare_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Gives W room for cap losses, keeping its newest values (oldest first at index 0). */
-static prism_status resize_losses(prism_policy *p, size_t cap, prism_error *err)
+/* Room for a W of cap losses and its sorted mirror. */
+static prism_status losses_alloc(size_t cap, double **nl, double **ns, prism_error *err)
 {
-    double *nl = malloc(cap * sizeof *nl);
-    double *ns = malloc(cap * sizeof *ns);
-    if (!nl || !ns) {
-        free(nl);
-        free(ns);
+    *nl = malloc(cap * sizeof **nl);
+    *ns = malloc(cap * sizeof **ns);
+    if (!*nl || !*ns) {
+        free(*nl);
+        free(*ns);
+        *nl = *ns = NULL;
         return nomem(err);
     }
+    return PRISM_OK;
+}
+
+/* W moved into nl / ns (from losses_alloc) with room for cap, keeping its newest values (oldest
+ * first at index 0). */
+static void losses_commit(prism_policy *p, size_t cap, double *nl, double *ns)
+{
     size_t keep = p->loss_len < cap ? p->loss_len : cap;
     for (size_t i = 0; i < keep; i++)
         ns[i] = nl[i] = p->losses[(p->loss_head + p->loss_len - keep + i) % p->loss_cap];
@@ -128,7 +147,16 @@ static prism_status resize_losses(prism_policy *p, size_t cap, prism_error *err)
     p->loss_cap = cap;
     p->loss_len = keep;
     p->loss_head = 0;
-    return PRISM_OK;
+}
+
+/* Gives W room for cap losses, keeping its newest values. */
+static prism_status resize_losses(prism_policy *p, size_t cap, prism_error *err)
+{
+    double *nl, *ns;
+    prism_status st = losses_alloc(cap, &nl, &ns, err);
+    if (st == PRISM_OK)
+        losses_commit(p, cap, nl, ns);
+    return st;
 }
 
 /* The first index of the n sorted values at which v could go without breaking the order after
@@ -213,6 +241,7 @@ void prism_policy_destroy(prism_policy *p)
     free(p->loss_sorted);
     free(p->order);
     free(p->changes);
+    free(p->order_keys);
     free(p->step_slots);
     free(p);
 }
@@ -375,20 +404,53 @@ static void window_push(prism_policy *p, uint32_t slot, double rel, const prism_
 }
 
 /* Lays the windows out again for a new history_window, keeping each block's newest values. */
-static prism_status relayout_windows(prism_policy *p, size_t stride, prism_error *err)
+static void config_room_free(config_room *r)
 {
-    size_t room = (p->cap_blocks ? p->cap_blocks : 1) * stride;
-    double *nw = malloc(room * sizeof *nw);
-    uint8_t *nh = malloc(room * sizeof *nh);
-    double *nsv = malloc(room * sizeof *nsv);
-    double *nuv = malloc(room * sizeof *nuv);
-    if (!nw || !nh || !nsv || !nuv) {
-        free(nw);
-        free(nh);
-        free(nsv);
-        free(nuv);
-        return nomem(err);
+    free(r->nw);
+    free(r->nh);
+    free(r->nsv);
+    free(r->nuv);
+    free(r->nl);
+    free(r->ns);
+    *r = (config_room){0};
+}
+
+/* Allocates what applying the pending config will need (nothing when there is none). */
+static prism_status config_room_alloc(prism_policy *p, config_room *r, prism_error *err)
+{
+    *r = (config_room){0};
+    if (!p->has_pending)
+        return PRISM_OK;
+    size_t stride = (size_t)p->pending.history_window, cap = (size_t)p->pending.loss_spike_window;
+    if (stride != p->stride) {
+        size_t room = (p->cap_blocks ? p->cap_blocks : 1) * stride;
+        r->windows = true;
+        r->nw = malloc(room * sizeof *r->nw);
+        r->nh = malloc(room * sizeof *r->nh);
+        r->nsv = malloc(room * sizeof *r->nsv);
+        r->nuv = malloc(room * sizeof *r->nuv);
+        if (!r->nw || !r->nh || !r->nsv || !r->nuv) {
+            config_room_free(r);
+            return nomem(err);
+        }
     }
+    if (cap != p->loss_cap) {
+        r->losses = true;
+        if (losses_alloc(cap, &r->nl, &r->ns, err)) {
+            config_room_free(r);
+            return PRISM_ERR_NOMEM;
+        }
+    }
+    return PRISM_OK;
+}
+
+/* The windows moved into the room's arrays, laid out for stride. */
+static void relayout_windows(prism_policy *p, size_t stride, config_room *r)
+{
+    double *nw = r->nw, *nsv = r->nsv, *nuv = r->nuv;
+    uint8_t *nh = r->nh;
+    r->nw = r->nsv = r->nuv = NULL;
+    r->nh = NULL;
     for (size_t s = 0; s < p->nblocks; s++) {
         block *b = &p->blocks[s];
         uint32_t keep = b->win_len < stride ? b->win_len : (uint32_t)stride;
@@ -411,27 +473,22 @@ static prism_status relayout_windows(prism_policy *p, size_t stride, prism_error
     p->sat_val = nsv;
     p->und_val = nuv;
     p->stride = stride;
-    return PRISM_OK;
 }
 
-static prism_status apply_pending_config(prism_policy *p, prism_error *err)
+/* Puts the pending config in force with the room config_room_alloc made for it: cannot fail. */
+static void apply_pending_config(prism_policy *p, config_room *r)
 {
     if (!p->has_pending)
-        return PRISM_OK;
-    if ((size_t)p->pending.history_window != p->stride) {
-        prism_status st = relayout_windows(p, (size_t)p->pending.history_window, err);
-        if (st)
-            return st;
-    }
-    if ((size_t)p->pending.loss_spike_window != p->loss_cap) {
-        prism_status st = resize_losses(p, (size_t)p->pending.loss_spike_window, err);
-        if (st)
-            return st;
+        return;
+    if (r->windows)
+        relayout_windows(p, (size_t)p->pending.history_window, r);
+    if (r->losses) {
+        losses_commit(p, (size_t)p->pending.loss_spike_window, r->nl, r->ns);
+        r->nl = r->ns = NULL;
     }
     prism_config_free(&p->cfg);
     p->cfg = p->pending;
     p->has_pending = false;
-    return PRISM_OK;
 }
 
 static prism_status record_change(prism_policy *p, block *b, prism_precision to, uint64_t step,
@@ -647,9 +704,14 @@ static prism_status refresh_order(prism_policy *p, prism_error *err)
 {
     if (!p->order_dirty)
         return PRISM_OK;
-    uint64_t *keyed = malloc((p->nblocks ? p->nblocks : 1) * sizeof *keyed);
-    if (!keyed)
-        return nomem(err);
+    if (p->cap_order_keys < p->nblocks) {
+        uint64_t *grown = realloc(p->order_keys, p->nblocks * sizeof *grown);
+        if (!grown)
+            return nomem(err);
+        p->order_keys = grown;
+        p->cap_order_keys = p->nblocks;
+    }
+    uint64_t *keyed = p->order_keys;
     size_t n = 0;
     for (size_t s = 0; s < p->nblocks; s++)
         if (p->blocks[s].reported)
@@ -657,7 +719,6 @@ static prism_status refresh_order(prism_policy *p, prism_error *err)
     qsort(keyed, n, sizeof *keyed, compare_u64);
     for (size_t i = 0; i < n; i++)
         p->order[i] = (uint32_t)keyed[i];
-    free(keyed);
     p->norder = n;
     p->order_dirty = false;
     return PRISM_OK;
@@ -764,6 +825,27 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
     double mean_l2 = finite ? l2_sum / (double)finite : 0.0;
     if (isinf(mean_l2))
         mean_l2 = scaled_mean_l2(blocks, count);
+    /* Everything the step may allocate, before anything that shows changes: room for its changes
+     * (an override, a rollback and a decision per block at most), refresh_order's scratch, and the
+     * pending config's arrays when the step is a decision. */
+    if (p->cap_changes < 3 * p->nblocks) {
+        prism_change *nc = realloc(p->changes, 3 * p->nblocks * sizeof *nc);
+        if (!nc)
+            return nomem(err);
+        p->changes = nc;
+        p->cap_changes = 3 * p->nblocks;
+    }
+    if (p->cap_order_keys < p->nblocks) {
+        uint64_t *grown = realloc(p->order_keys, p->nblocks * sizeof *grown);
+        if (!grown)
+            return nomem(err);
+        p->order_keys = grown;
+        p->cap_order_keys = p->nblocks;
+    }
+    bool scheduled = is_decision_step(&p->cfg, p->collected + 1);
+    config_room room = {0};
+    if (scheduled && (st = config_room_alloc(p, &room, err)))
+        return st;
 
     p->nchanges = 0;
     for (size_t i = 0; i < count; i++) {
@@ -795,9 +877,10 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
      * schedule a spike that rolls back a block is a decision of its own: the config in force, no
      * scores recomputed (the views keep the last scheduled decision's), non-finite flags left
      * pending, the schedule unmoved. */
-    bool scheduled = is_decision_step(&p->cfg, p->collected);
-    if (scheduled && (st = apply_pending_config(p, err)))
-        return st;
+    if (scheduled) {
+        apply_pending_config(p, &room);
+        config_room_free(&room); /* what the config did not need */
+    }
     const prism_config *c = &p->cfg;
     bool spike = has_loss && c->loss_spike_factor > 0 && p->loss_len == (size_t)c->loss_spike_window &&
                  *loss > c->loss_spike_factor * loss_median(p);
