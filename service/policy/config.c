@@ -6,6 +6,7 @@
 
 #include "json_kind.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -808,5 +809,6 @@ prism_precision prism_config_low_format(const prism_config *cfg)
 {
     if (cfg->low_precision != PRISM_LOW_AUTO)
         return cfg->low_precision;
+    assert(cfg->low_formats.count > 0); /* validation: "auto" needs at least one format */
     return cfg->low_formats.count ? cfg->low_formats.formats[cfg->low_formats.count - 1] : PRISM_PRECISION_INT8;
 }

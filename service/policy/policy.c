@@ -649,7 +649,10 @@ static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, 
             if (!score_cooling && want_low != is_low(v->precision) && !(want_low && held))
                 target = want_low ? cand : PRISM_PRECISION_BF16;
         }
-        /* Under auto a block kept low moves to its candidate with reason format, unless cooling. */
+        /* Under auto a block kept low moves to its candidate with reason format, unless cooling:
+         * here the plain cooldown, even for a block not yet assigned by score (a block forced or
+         * rolled back low and then released has a switch to cool from); score_cooling above
+         * exempts only the score rule's first assignment (DESIGN 4.2). */
         if (autolow && is_low(target) && target == v->precision && target != cand && !cooling) {
             target = cand;
             reason = PRISM_REASON_FORMAT;
@@ -783,8 +786,9 @@ static bool is_decision_step(const prism_config *c, uint64_t n)
     return n == w || (n > w && (n - w) % (uint64_t)c->update_interval_steps == 0);
 }
 
-prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double *loss, const prism_block_stats *blocks,
-                                   size_t count, prism_step_result *out, prism_error *err)
+prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double *loss,
+                                   const prism_block_stats *blocks, size_t count, prism_step_result *out,
+                                   prism_error *err)
 {
     memset(out, 0, sizeof *out);
     bool has_loss = loss && isfinite(*loss); /* a non-finite loss counts as none */

@@ -1,7 +1,8 @@
 /* The policy core of DESIGN 4.2 to 4.4 and 4.7: per-block windows, scores, first assignment,
  * hysteresis, cooldown, the non-finite rule, modes, overrides, the loss-spike rollback, a low
- * format per block, the saturation rule and the telemetry summary of every decision. It does no I/O, starts no thread and reads no clock: a caller (prismd's
- * policy thread, `prismctl replay`) feeds it complete, rank-merged steps in order. One
+ * format per block, the saturation rule and the telemetry summary of every decision. It does no
+ * I/O, starts no thread and reads no clock: a caller (prismd's policy thread, `prismctl replay`)
+ * feeds it complete, rank-merged steps in order. One
  * prism_policy is one job; it is not thread-safe, and needs no locking when one thread owns it. */
 #ifndef PRISM_POLICY_POLICY_H
 #define PRISM_POLICY_POLICY_H
@@ -148,8 +149,9 @@ prism_status prism_policy_set_calibrations(prism_policy *p, prism_precision form
  * block ids in one step must be distinct. On error nothing is changed. On a decision step runs
  * the decision. loss: the step's loss (the mean of its ranks' finite losses, merge.h), NULL when
  * it has none; a non-finite loss counts as none. */
-prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double *loss, const prism_block_stats *blocks,
-                                   size_t count, prism_step_result *out, prism_error *err);
+prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double *loss,
+                                   const prism_block_stats *blocks, size_t count, prism_step_result *out,
+                                   prism_error *err);
 
 /* Commits a new map version with the same precisions (prismd: a new hybrid compute plan must go
  * out with a map of its own when the decision changed none). Returns the new version; the map

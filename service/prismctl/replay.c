@@ -373,7 +373,8 @@ static prism_status feed_step(replay *r, const prism_merged_step *m, bool versio
     for (size_t i = 0; i < r->nrunners; i++) {
         runner *u = &r->runners[i];
         prism_step_result res;
-        if ((st = prism_policy_add_step(u->policy, m->step, m->has_loss ? &m->loss : NULL, m->blocks, m->count, &res, err)))
+        if ((st = prism_policy_add_step(u->policy, m->step, m->has_loss ? &m->loss : NULL, m->blocks, m->count,
+                                        &res, err)))
             return st;
         u->steps++;
         if (version_bumped && res.decided) {

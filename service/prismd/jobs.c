@@ -1391,7 +1391,8 @@ static void drain_steps(prismd_jobs *j, prismd_job *job, int64_t now_ms)
         bool pending = prism_policy_next_config(job->policy) != prism_policy_config(job->policy) &&
                        agent_config_differs(prism_policy_next_config(job->policy), prism_policy_config(job->policy));
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        prism_status added = prism_policy_add_step(job->policy, m.step, m.has_loss ? &m.loss : NULL, m.blocks, m.count, &r, &err);
+        prism_status added =
+            prism_policy_add_step(job->policy, m.step, m.has_loss ? &m.loss : NULL, m.blocks, m.count, &r, &err);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (added == PRISM_OK && pending && prism_policy_next_config(job->policy) == prism_policy_config(job->policy))
             broadcast_config(job); /* before the decision's map: a rank sees the config first */
