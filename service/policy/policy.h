@@ -18,8 +18,9 @@ typedef struct prism_block_stats {
     double variance;  /* population variance of the finite elements */
     uint64_t numel;   /* all elements, non-finite ones included */
     uint64_t nonfinite; /* NaN/Inf elements, left out of every other figure */
-    /* Issue 17: the step's fractions of the block's elements that the quantizer saturated
-     * (|x/s| above the format's largest value) and flushed to zero (x != 0 quantized to 0).
+    /* Issue 17: the step's fractions of the block's elements that the quantizer saturated (the
+     * clamp to the format's largest value changed the code: prism_quant_counts in kernels.h) and
+     * flushed to zero (x != 0 quantized to 0).
      * Optional: has_saturation false (zero-initialised) when not reported. */
     bool has_saturation;
     double saturated_fraction;

@@ -426,6 +426,87 @@ static void test_spike_on_a_scheduled_step_rolls_back_inside_the_decision(void)
     prism_policy_destroy(p);
 }
 
+/* Decisions at n = 1, 5, 9, 13; factor 2, window 4, hold 0, no cooldown. Block 0: bf16 at 1
+ * (score 0.625), low by score at 5 (0.0625: below 0.25 - 0.125). `spike_at` is 6 (off the schedule) or 9 (a decision);
+ * at it the loss is 3 (W [1, 1, 1, 1]) and block 0's statistics are non-finite. */
+static const char *const NF_SPIKE =
+    "{\"bf16_threshold\": 0.5, \"int8_threshold\": 0.25, \"hysteresis_margin\": 0.125,"
+    " \"grad_sensitivity_threshold\": 2.0, \"warmup_steps\": 1, \"update_interval_steps\": 4,"
+    " \"history_window\": 1, \"min_steps_between_switches\": 0, \"loss_spike_factor\": 2,"
+    " \"loss_spike_window\": 4, \"loss_spike_hold_steps\": 0}";
+
+static prism_policy *spike_with_nonfinite(uint64_t spike_at, prism_step_result *r)
+{
+    prism_policy *p = make_policy(NF_SPIKE, NULL);
+    feed_pair(p, 1, 0.625, 1.0, r);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_BF16);
+    for (uint64_t s = 2; s < spike_at; s++)
+        feed_pair(p, s, 0.0625, 1.0, r);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
+    prism_block_stats b[2] = {stats(0, 0.0625), stats(1, 0.9375)};
+    b[0].nonfinite = 3;
+    feed_blocks(p, spike_at, 3.0, b, 2, r);
+    CU_ASSERT_TRUE(r->loss_spike);
+    CU_ASSERT_EQUAL(r->rolled_back, 1);
+    assert_change(r, 0, PRISM_PRECISION_INT8, PRISM_PRECISION_BF16, spike_at, PRISM_REASON_LOSS_SPIKE);
+    return p;
+}
+
+/* Off the schedule (s6) the rollback leaves the block's non-finite flag pending: the decision at
+ * s9 applies the non-finite rule (bf16, no change) where the score alone (0.0625, no hold, no
+ * cooldown) would move it low; the one at s13, with finite statistics since, does. */
+static void test_a_spike_off_the_schedule_leaves_nonfinite_flags_pending(void)
+{
+    prism_step_result r;
+    prism_policy *p = spike_with_nonfinite(6, &r);
+    CU_ASSERT_FALSE(r.scheduled);
+    for (uint64_t s = 7; s <= 9; s++)
+        feed_pair(p, s, 0.0625, 1.0, &r);
+    CU_ASSERT_TRUE(r.scheduled);
+    CU_ASSERT_EQUAL(r.change_count, 0);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_BF16);
+    CU_ASSERT_EQUAL(block(p, 0)->reason, PRISM_REASON_LOSS_SPIKE);
+    for (uint64_t s = 10; s <= 13; s++)
+        feed_pair(p, s, 0.0625, 1.0, &r);
+    assert_change(&r, 0, PRISM_PRECISION_BF16, PRISM_PRECISION_INT8, 13, PRISM_REASON_SCORE);
+    prism_policy_destroy(p);
+}
+
+/* At a scheduled decision (s9) the rollback clears the block's non-finite flag with its other
+ * rules: the next decision (s13) moves it low by score at once. */
+static void test_a_spike_at_a_decision_clears_the_blocks_nonfinite_flag(void)
+{
+    prism_step_result r;
+    prism_policy *p = spike_with_nonfinite(9, &r);
+    CU_ASSERT_TRUE(r.scheduled);
+    CU_ASSERT_EQUAL(r.change_count, 1);
+    for (uint64_t s = 10; s <= 13; s++)
+        feed_pair(p, s, 0.0625, 1.0, &r);
+    assert_change(&r, 0, PRISM_PRECISION_BF16, PRISM_PRECISION_INT8, 13, PRISM_REASON_SCORE);
+    prism_policy_destroy(p);
+}
+
+/* A pending loss_spike_window applied at the spike's decision decides qualification: block 0
+ * moved low by score at 5; at s9 the new window 3 is in force (W keeps its newest 3 losses, full),
+ * 3 > 2 x 1 is a spike, but 9 - 5 = 4 > 3: nothing is rolled back (under the old 4 it would be). */
+static void test_a_new_spike_window_at_the_decision_decides_who_is_rolled_back(void)
+{
+    prism_policy *p = make_policy(NF_SPIKE, NULL);
+    prism_step_result r;
+    feed_pair(p, 1, 0.625, 1.0, &r);
+    for (uint64_t s = 2; s <= 8; s++)
+        feed_pair(p, s, 0.0625, 1.0, &r);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
+    set_config(p, NF_SPIKE, "{\"loss_spike_window\": 3}");
+    feed_pair(p, 9, 0.0625, 3.0, &r);
+    CU_ASSERT_TRUE(r.scheduled);
+    CU_ASSERT_TRUE(r.loss_spike);
+    CU_ASSERT_EQUAL(r.rolled_back, 0);
+    CU_ASSERT_EQUAL(block(p, 0)->precision, PRISM_PRECISION_INT8);
+    CU_ASSERT_EQUAL(prism_policy_config(p)->loss_spike_window, 3);
+    prism_policy_destroy(p);
+}
+
 static void test_spike_window_bound_on_both_sides(void)
 {
     /* SPIKE with decisions at n = 1 and 11 (interval 10). Block 0 goes low by score at d = 1.
@@ -822,6 +903,17 @@ static void test_saturation_figures_are_checked(void)
     b.underflowed_fraction = INFINITY;
     CU_ASSERT_EQUAL(prism_policy_add_step(p, 1, NULL, &b, 1, &r, &err), PRISM_ERR_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 7: underflowed_fraction"));
+    b.saturated_fraction = NAN; /* NaN saturated, a valid underflowed */
+    b.underflowed_fraction = 0.5;
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, 1, NULL, &b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 7: saturated_fraction"));
+    b.saturated_fraction = 0.5;
+    b.underflowed_fraction = NAN;
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, 1, NULL, &b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 7: underflowed_fraction"));
+    b.underflowed_fraction = 1.5;
+    CU_ASSERT_EQUAL(prism_policy_add_step(p, 1, NULL, &b, 1, &r, &err), PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "block 7: underflowed_fraction"));
     CU_ASSERT_EQUAL(prism_policy_steps_collected(p), 0);
     prism_policy_destroy(p);
 }
@@ -986,6 +1078,12 @@ static const prism_test_case cases[] = {
     {"test_a_hold_past_the_largest_step_ends_at_it", test_a_hold_past_the_largest_step_ends_at_it},
     {"test_spike_on_a_scheduled_step_rolls_back_inside_the_decision",
      test_spike_on_a_scheduled_step_rolls_back_inside_the_decision},
+    {"test_a_spike_off_the_schedule_leaves_nonfinite_flags_pending",
+     test_a_spike_off_the_schedule_leaves_nonfinite_flags_pending},
+    {"test_a_spike_at_a_decision_clears_the_blocks_nonfinite_flag",
+     test_a_spike_at_a_decision_clears_the_blocks_nonfinite_flag},
+    {"test_a_new_spike_window_at_the_decision_decides_who_is_rolled_back",
+     test_a_new_spike_window_at_the_decision_decides_who_is_rolled_back},
     {"test_spike_window_bound_on_both_sides", test_spike_window_bound_on_both_sides},
     {"test_only_blocks_last_moved_low_by_score_are_rolled_back", test_only_blocks_last_moved_low_by_score_are_rolled_back},
     {"test_hold_blocks_the_score_until_its_end_then_cooldown_applies",
