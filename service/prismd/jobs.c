@@ -1688,8 +1688,18 @@ static void on_calibration(prismd_jobs *j, prismd_stream *s, prismd_peer *peer, 
     }
     trace_calibration(j, job, (prism_precision)c->format, ids, errors, c->n_errors);
     j->counters.calibrations_accepted++;
-    /* Any format is kept (the policy keeps errors per format), wanted or not. */
+    /* Any format is kept (the policy keeps errors per format), wanted or not. One that was still
+     * wanted changes what every rank is asked for: each agent gets the config again with the
+     * formats still wanted (ServiceMessage.config), so that a trainer calibrating format after
+     * format, or another rank, sees at once which remain. */
+    Prism__V1__Precision wanted[PRISM_LOW_FORMATS_MAX];
+    size_t n_wanted = calibration_wanted(job, prism_policy_config(job->policy), wanted);
+    bool was_wanted = false;
+    for (size_t i = 0; i < n_wanted; i++)
+        was_wanted = was_wanted || wanted[i] == c->format;
     job->calibrated[(prism_precision)c->format] = true;
+    if (was_wanted)
+        broadcast_config(job);
     /* Cached under the job's own fingerprint (the report's, when it names one, is the same). */
     if (j->store && job->fingerprint_len && c->n_errors &&
         prismd_store_save_calibration(j->store, job->fingerprint, job->fingerprint_len, job->id,

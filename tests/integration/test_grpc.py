@@ -173,6 +173,15 @@ class Agent:
             raise EOFError(self.done)
         return m
 
+    def next_update(self):
+        """The next map update, past the config messages before it (prismd sends one after a
+        calibration report of a format it still wanted); at most 16 of them."""
+        for _ in range(16):
+            m = self.next()
+            if m.WhichOneof("kind") != "config":
+                return m.update
+        raise AssertionError("16 config messages and no update")
+
     def status(self):
         """Waits for the stream to end and returns its gRPC status code."""
         for _ in range(1000):

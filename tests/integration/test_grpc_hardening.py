@@ -426,7 +426,7 @@ class RestartTest(Base):
         a.send(calibration=pb.CalibrationReport(fingerprint=fp, format=pb.INT8, errors=errors((0, 0.01), (1, 0.02))))
         a.step(1, (3.0, 1.0))
         a.step(2, (3.0, 1.0))
-        u = a.next().update
+        u = a.next_update()
         self.assertEqual(u.decided_step, 2)
         blocks_before = self.prismd.json_until("/v1/jobs/job-r/blocks", lambda d: d["telemetry"] is not None)
         self.assertIsNotNone(blocks_before["blocks"][1]["grad_score"])

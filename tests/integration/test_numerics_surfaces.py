@@ -89,7 +89,7 @@ def drive_job(prismd):
         pb.BlockError(block_id=2, relative_error=0.015625)]))
     for step in range(1, 6):
         a.send(step_report=report(step))
-    versions = [a.next().update for _ in range(3)]
+    versions = [a.next_update() for _ in range(3)]
     got = [(u.map_version, u.decided_step, u.effective_step) for u in versions]
     if got != [(1, 2, 5), (2, 4, 7), (3, 5, 8)]:
         raise AssertionError("job-n's updates: %s" % got)

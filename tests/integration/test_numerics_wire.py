@@ -256,6 +256,11 @@ class NumericsWireTest(unittest.TestCase):
             a.send(calibration=pb.CalibrationReport(fingerprint=fingerprint, format=pb.INT8, samples=2, errors=[
                 pb.BlockError(block_id=0, relative_error=0.01), pb.BlockError(block_id=1, relative_error=0.02)]))
             self.accepted(1)
+            # A format that was wanted: the agent is told at once which remain (a config message).
+            m = a.next()
+            self.assertEqual(m.WhichOneof("kind"), "config")
+            self.assertEqual((m.config.calibration_needed, list(m.config.calibration_formats)),
+                             (False, [pb.INT4, pb.FP8_E5M2]))
         finally:
             a.close()
         self.assertEqual(welcome("job-l3"), (pb.INT8, False, [pb.INT4, pb.FP8_E5M2]))
@@ -284,6 +289,10 @@ class NumericsWireTest(unittest.TestCase):
         self.assertEqual(c.state()["calibration_formats"], ["int4", "fp8_e5m2", "int8"])
         self.assertTrue(c.report_calibration("int4", 3, {0: 0.01, 1: 0.02, 2: 0.03, 3: 0.04}))
         self.accepted(1)
+        # prismd tells the rank at once which formats remain (no new stream needed).
+        s = self.state_until(c, lambda s: s["calibration_formats"] != ["int4", "fp8_e5m2", "int8"],
+                             "the formats still wanted")
+        self.assertEqual((s["calibration_needed"], s["calibration_formats"]), (True, ["fp8_e5m2", "int8"]))
         c = self.restart(c, "job-c", "job-c-0")
         s = self.state_until(c, lambda s: s["upstream_connected"])
         self.assertEqual((s["calibration_needed"], s["calibration_formats"]), (True, ["fp8_e5m2", "int8"]))
