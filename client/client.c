@@ -1113,6 +1113,12 @@ static prism_status check_fractions(prism_client *c, const prism_block_fractions
     return PRISM_OK;
 }
 
+prism_status prism_client_check_fractions(prism_client *c, const prism_block_fractions *fractions,
+                                          const uint32_t *block_ids, size_t n, prism_error *err)
+{
+    return check_fractions(c, fractions, block_ids, n, err);
+}
+
 prism_status prism_client_report_step(prism_client *c, uint64_t step, const double *loss, const uint32_t *block_ids,
                                       const prism_grad_stats *stats, size_t n, prism_error *err)
 {

@@ -26,6 +26,8 @@ typedef struct cuda_reports {
     prism_grad_stats *dev;  /* cap entries, device memory */
     prism_grad_stats *host; /* cap entries, pinned */
     uint32_t *ids;          /* the report's block ids */
+    prism_block_fractions *frac; /* cap entries: the report's fractions when has_frac */
+    bool has_frac;
     size_t cap, n;
     int device;             /* where dev lives */
     cudaEvent_t done;
@@ -51,6 +53,7 @@ static void release(cuda_reports *r)
     if (switched)
         cudaSetDevice(current);
     free(r->ids);
+    free(r->frac);
     memset(r, 0, sizeof *r);
 }
 
@@ -81,7 +84,8 @@ static void poll(prism_client *c, void *state)
     }
     prism_error err;
     /* Counted by the report itself when it cannot go out. */
-    prism_client_report_step(c, r->step, r->has_loss ? &r->loss : NULL, r->ids, r->host, r->n, &err);
+    prism_client_report_step_ex(c, r->step, r->has_loss ? &r->loss : NULL, r->ids, r->host, r->has_frac ? r->frac : NULL,
+                                r->n, &err);
 }
 
 static prism_status reserve(cuda_reports *r, size_t blocks, int device, prism_error *err)
@@ -94,7 +98,7 @@ static prism_status reserve(cuda_reports *r, size_t blocks, int device, prism_er
     PRISM_CUDA_CHECK(cudaMalloc((void **)&r->dev, cap * sizeof *r->dev));
     PRISM_CUDA_CHECK(cudaMallocHost((void **)&r->host, cap * sizeof *r->host));
     PRISM_CUDA_CHECK(cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming));
-    if (!(r->ids = malloc(cap * sizeof *r->ids)))
+    if (!(r->ids = malloc(cap * sizeof *r->ids)) || !(r->frac = malloc(cap * sizeof *r->frac)))
         return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory for %zu block ids", cap);
     r->cap = cap;
     return PRISM_OK;
@@ -105,10 +109,21 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
                                            const uint32_t *block_ids, size_t blocks, prism_cuda_stream stream,
                                            prism_error *err)
 {
+    return prism_client_report_step_cuda_ex(c, step, loss, tensors, block_start, block_ids, NULL, blocks, stream,
+                                            err);
+}
+
+prism_status prism_client_report_step_cuda_ex(prism_client *c, uint64_t step, const double *loss,
+                                              const prism_tensor *tensors, const size_t *block_start,
+                                              const uint32_t *block_ids, const prism_block_fractions *fractions,
+                                              size_t blocks, prism_cuda_stream stream, prism_error *err)
+{
     prism_error own; /* err may be NULL; the drops below keep its message for last_error */
     if (!err)
         err = &own;
     prism_status s = prism_client_check_report(c, block_ids, blocks, err);
+    if (s == PRISM_OK)
+        s = prism_client_check_fractions(c, fractions, block_ids, blocks, err);
     if (s != PRISM_OK)
         return s;
     if (!block_start)
@@ -160,6 +175,9 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
     }
     for (size_t b = 0; b < blocks; b++)
         r->ids[b] = block_ids ? block_ids[b] : (uint32_t)b;
+    r->has_frac = fractions != NULL;
+    if (fractions)
+        memcpy(r->frac, fractions, blocks * sizeof *r->frac);
     r->n = blocks;
     r->step = step;
     r->has_loss = loss != NULL;

@@ -26,6 +26,11 @@ PRISM_CLIENT_HIDDEN prism_client_ext *prism_client_extension(prism_client *c);
 PRISM_CLIENT_HIDDEN prism_status prism_client_check_report(prism_client *c, const uint32_t *block_ids, size_t n,
                                                            prism_error *err);
 
+/* prism_client_report_step_ex's check of the fractions (NULL: none; else n, for block_ids[i] or
+ * block i), a refusal counted. */
+PRISM_CLIENT_HIDDEN prism_status prism_client_check_fractions(prism_client *c, const prism_block_fractions *fractions,
+                                                              const uint32_t *block_ids, size_t n, prism_error *err);
+
 /* Counts a report dropped for `reason` (published in the hint table's trainer line), with the
  * text `why` kept for prism_client_last_error. */
 PRISM_CLIENT_HIDDEN void prism_client_note_dropped(prism_client *c, prism_hints_drop reason, const char *why);

@@ -113,6 +113,14 @@ prism_status prism_client_report_step_cuda(prism_client *c, uint64_t step, const
                                            const uint32_t *block_ids, size_t blocks, prism_cuda_stream stream,
                                            prism_error *err);
 
+/* prism_client_report_step_cuda with each block's fractions of the step (issue 17): fractions
+ * NULL (none) or `blocks` entries in host memory, checked now as prism_client_report_step_ex
+ * checks them and copied, so the caller may reuse them at once; they go out with the report. */
+prism_status prism_client_report_step_cuda_ex(prism_client *c, uint64_t step, const double *loss,
+                                              const prism_tensor *tensors, const size_t *block_start,
+                                              const uint32_t *block_ids, const prism_block_fractions *fractions,
+                                              size_t blocks, prism_cuda_stream stream, prism_error *err);
+
 #ifdef __cplusplus
 }
 #endif

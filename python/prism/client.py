@@ -162,6 +162,9 @@ PLAN_PROTOTYPES = {
 CUDA_PROTOTYPES = {
     "prism_client_report_step_cuda": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(_lib.Tensor),
                                             _P(ctypes.c_size_t), _P(ctypes.c_uint32), ctypes.c_size_t, _vp, _errp]),
+    "prism_client_report_step_cuda_ex": (_st, [_vp, ctypes.c_uint64, _P(ctypes.c_double), _P(_lib.Tensor),
+                                               _P(ctypes.c_size_t), _P(ctypes.c_uint32), _P(BlockFractions),
+                                               ctypes.c_size_t, _vp, _errp]),
 }
 
 
@@ -421,7 +424,7 @@ class Client:
         fractions (issue 17): None, or one entry per block: a (saturated, underflowed) pair of
         fractions in [0, 1] of the block's elements that the step's quantization clipped and
         flushed to zero, or None for a block not measured (the report then carries neither);
-        host memory only for now."""
+        with CUDA gradients they are copied at the call and go out with the queued report."""
         n = len(blocks)
         frac = _fractions(fractions, n)
         device, tensors, block_start = block_tensors(blocks)
@@ -436,16 +439,18 @@ class Client:
             st = self._dll.prism_client_report_step_cpu(self._handle(), int(step), loss_p, tensors, block_start,
                                                         id_arr, n, ctypes.byref(err))
             return self._sent(st, err)
-        if frac is not None:
-            raise _lib.PrismError(_lib.Status.UNAVAILABLE, "report_step: fractions with CUDA gradients are not "
-                                  "supported yet (report them with host gradients or report_stats)")
-        fn = getattr(self._dll, "prism_client_report_step_cuda", None)
+        fn = getattr(self._dll, "prism_client_report_step_cuda" if frac is None else "prism_client_report_step_cuda_ex",
+                     None)
         if fn is None:
             raise _lib.PrismError(_lib.Status.UNAVAILABLE, f"{_lib.load().path} was built without CUDA")
         import torch
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream().cuda_stream
-            st = fn(self._handle(), int(step), loss_p, tensors, block_start, id_arr, n, stream, ctypes.byref(err))
+            if frac is None:
+                st = fn(self._handle(), int(step), loss_p, tensors, block_start, id_arr, n, stream, ctypes.byref(err))
+            else:
+                st = fn(self._handle(), int(step), loss_p, tensors, block_start, id_arr, frac, n, stream,
+                        ctypes.byref(err))
         return self._sent(st, err)
 
     def report_calibration(self, fmt, samples, errors):
