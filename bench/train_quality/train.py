@@ -278,10 +278,11 @@ def main(argv=None):
         if pt is not None and calibration is None and step >= args.calibrate_at and pt.calibration_wanted():
             t_cal = time.monotonic()
             with autocast():
-                errors = pt.calibrate(lambda: model(*corpus.train_batch(train, calib_gen, args.calib_batch,
-                                                                         args.context)[:1]))
+                by_format = pt.calibrate(lambda: model(*corpus.train_batch(train, calib_gen, args.calib_batch,
+                                                                            args.context)[:1]))
             calibration = {"step": step, "seconds": time.monotonic() - t_cal,
-                           "errors": {str(b): e for b, e in sorted(errors.items())}}
+                           "errors": {f: {str(b): e for b, e in sorted(errors.items())}
+                                      for f, errors in by_format.items()}}
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             t_eval = time.monotonic()
             evals.append([step + 1, evaluate(model, windows, args)])

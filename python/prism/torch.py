@@ -33,8 +33,11 @@ What each call does:
               once the GPU got there (prism_client_report_step_cuda), so the step never waits.
   calibrate   runs `samples` forward passes (the job's calibration_samples by default) with hooks
               that keep each block's real inputs, then measures each block's
-              ||out_bf16 - out_low|| / ||out_bf16|| with its weights in BF16 and in the low format,
-              averages over the samples, and sends the errors (DESIGN 4.5).
+              ||out_bf16 - out_low|| / ||out_bf16|| with its weights in BF16 and in a low format,
+              averages over the samples, and sends the errors (DESIGN 4.5): in every format
+              prismd still wants (under low_precision "auto", each of low_formats), on the same
+              inputs. The weights go through the transfer under the job's scale mode, whose
+              fractions of saturated and flushed elements end_step reports for the low blocks.
 
 Hybrid devices (DESIGN 11, QSync): keyword arguments of attach, all optional.
   profile_forward  a callable running one forward pass of a training step's batch; attach runs it
@@ -427,6 +430,7 @@ class Attachment:
                 self.transfer.add_block(b, _flat_bf16(ps).cpu())
                 self._dst[b] = torch.empty(numels[b], dtype=torch.bfloat16, device=self.device)
         self.applied = ["bf16"] * len(self.blocks)  # the precision each block's weights have now
+        self._scale_mode = ("current", 16, 0)  # the transfer's (scale_mode, amax_history_len, scale_margin)
         self.map_version = 0
         self.switches = []  # (step, map_version, precisions) each time the map in use changed
         self.late_switches = 0  # maps first used after a step at or past their effective step
@@ -453,8 +457,10 @@ class Attachment:
 
     def begin_step(self, step):
         """Takes the map in effect at `step` and applies it to the weights, and its compute plan to
-        the blocks' Linears; returns its version."""
+        the blocks' Linears; returns its version. The job's scale mode (scale_mode,
+        amax_history_len, scale_margin) is the transfer's from the step it is seen at."""
         version = self.client.begin_step(step)
+        self._follow_scale_mode()
         precisions = self.client.precisions()
         if version != self.map_version:
             # Late: an earlier step already at or past this map's effective step ran on the old one.
@@ -471,6 +477,15 @@ class Attachment:
         self._sampling = bool(self.tensor_stats_every) and step % self.tensor_stats_every == 0
         self._x, self._y = {}, {}
         return version
+
+    def _follow_scale_mode(self):
+        """Gives the transfer engine the job's scale mode when it changed (a Welcome or a
+        ConfigUpdate wrote it into the hint table): the images are made again under it."""
+        s = self.client.state()
+        mode = (s["scale_mode"], s["amax_history_len"], s["scale_margin"])
+        if mode != self._scale_mode:
+            self.transfer.set_scale_mode(*mode)
+            self._scale_mode = mode
 
     # ---- compute plans ----
 
@@ -639,6 +654,7 @@ class Attachment:
         dropped (no agent, or the agent is behind), True when it went out or is on its way."""
         step = self._step if step is None else step
         grads = [[p.grad for p in ps if p.grad is not None] for ps in self.params]
+        fractions = self._fractions()
         self._restore_weights()
         if step is None:
             raise ValueError("end_step: no step given and begin_step was never called")
@@ -648,7 +664,20 @@ class Attachment:
         elif self._pending:
             self._collect_stats()
         return self.client.report_step(step, [[g.detach().contiguous() for g in block] for block in grads],
-                                       loss=loss)
+                                       loss=loss, fractions=fractions)
+
+    def _fractions(self):
+        """Each block's (saturated, underflowed) fractions of this step: what the transfer's
+        prepare of the weights it ran with clipped and flushed to zero (prism.Transfer
+        block_counts), for the blocks low this step; None for the others. None when no block is
+        low."""
+        out = [None] * len(self.blocks)
+        for b, fmt in enumerate(self.applied):
+            if fmt in _LOW and b in self._dst:
+                c = self.transfer.block_counts(b, fmt)
+                if c["numel"]:
+                    out[b] = (c["saturated"] / c["numel"], c["underflowed"] / c["numel"])
+        return out if any(f is not None for f in out) else None
 
     # ---- calibration ----
 
@@ -660,32 +689,41 @@ class Attachment:
 
     def calibrate(self, forward, samples=None, fmt=None):
         """Runs forward() `samples` times (default: the job's calibration_samples, at least 1),
-        keeping each block's inputs, and reports each block's relative output error in fmt
-        (default: the job's low precision; under "auto" the first format prismd still wants
-        calibrated) against BF16 weights. Returns {block: error}."""
+        keeping each block's inputs, then measures each block's relative output error in a low
+        format against BF16 weights on those inputs and reports it (DESIGN 4.5).
+        fmt given: that format; returns {block: error}.
+        fmt None: every format prismd wants calibrated (the state's calibration_formats; when it
+        lists none, every format of low_formats under "auto", else the job's low precision), all
+        on the same captured inputs, each reported; returns {format: {block: error}}."""
         state = self.client.state()
         samples = samples or state["calibration_samples"] or 1
-        # Under low_precision "auto" the first format prismd still wants (issue 17), else the last of
-        # low_formats; otherwise the job's low precision.
-        if not fmt:
-            wanted = state.get("calibration_formats") or []
-            fmt = wanted[0] if wanted else state["low_precision"]
-            if fmt == "auto":
-                fmt = state["low_formats"][-1] if state.get("low_formats") else "int8"
-        if fmt not in _LOW:
-            raise ValueError(f"calibrate: {fmt!r} is not a low precision ({', '.join(_LOW)})")
+        if fmt:
+            formats = [fmt]
+        else:
+            formats = list(state.get("calibration_formats") or [])
+            if not formats:
+                formats = (list(state.get("low_formats") or ["int8"]) if state["low_precision"] == "auto"
+                           else [state["low_precision"]])
+        for f in formats:
+            if f not in _LOW:
+                raise ValueError(f"calibrate: {f!r} is not a low precision ({', '.join(_LOW)})")
         captured = [[] for _ in self.blocks]
         compute_low, sampling = dict(self.compute_low), self._sampling
         self._set_compute({})  # the reference and the low outputs are the weights' alone
         self._sampling = False
         try:
-            return self._calibrate(forward, samples, fmt, captured)
+            self._capture(forward, samples, captured)
+            out = {}
+            for f in formats:
+                out[f] = self._measure(f, captured)
+                self.client.report_calibration(f, samples, out[f])
+            return out[fmt] if fmt else out
         finally:
             self._set_compute(compute_low)
             self._sampling = sampling
 
-    def _calibrate(self, forward, samples, fmt, captured):
-        """calibrate's work, with the compute plan and the tensor statistics hooks off."""
+    def _capture(self, forward, samples, captured):
+        """Runs forward() `samples` times with hooks keeping each block's positional inputs."""
         hooks = []
         for b, block in enumerate(self.blocks):
             def keep(module, args, b=b):  # positional inputs (torch 1.13 hooks see no keywords)
@@ -698,6 +736,10 @@ class Attachment:
         finally:
             for h in hooks:
                 h.remove()
+
+    def _measure(self, fmt, captured):
+        """{block: mean relative output error in fmt} over the captured inputs (compute plan and
+        tensor statistics hooks off)."""
         errors = {}
         with torch.no_grad():
             for b, block in enumerate(self.blocks):
@@ -718,7 +760,6 @@ class Attachment:
                 for p, o in zip(self.params[b], originals):
                     p.copy_(o)
                 errors[b] = total / len(captured[b])
-        self.client.report_calibration(fmt, samples, errors)
         return errors
 
     # ---- the rest ----
