@@ -60,7 +60,7 @@ def findings(results):
     if p and statics:
         for s in statics:
             diff = s["held_out_loss"] - p["held_out_loss"]
-            since = (f"from step {s['low_from_step']}, prism-int8's first step with a block low,"
+            since = (f"from step {s['low_from_step']} (prism-int8's first step with a block low)"
                      if s.get("low_from_step") else "from the start")
             out.append(f"- {s['name']} (blocks {s.get('forced_low')} forced int8 {since}, "
                        f"{100 * s['low_share']:.1f}% of block bytes low over the run): held-out loss "
@@ -84,6 +84,48 @@ def findings(results):
     if bad:
         out.append(f"- Non-finite losses in: {', '.join(bad)}.")
     return out
+
+
+def seed_table(doc):
+    """The held-out losses by seed, when results.json carries replicates (run.py --replicate):
+    one row per configuration run with more than one seed, each cell the loss and its difference
+    from that seed's bf16; then each configuration's differences side by side."""
+    reps = doc.get("replicates") or {}
+    if not reps:
+        return []
+    seed = doc["settings"].get("seed")
+    by_seed = {str(seed): doc["configs"]}
+    by_seed.update({k: v["configs"] for k, v in reps.items()})
+    names = [n for n in doc["configs"] if sum(n in c for c in by_seed.values()) > 1]
+    if not names:
+        return []
+    seeds = list(by_seed)
+    lines = ["Replicates: the same settings with another seed (other initial weights and batches, the same "
+             "held-out windows), each configuration against the bf16 of its own seed.", "",
+             "| configuration | " + " | ".join(f"seed {k}" for k in seeds) + " |",
+             "| --- |" + " ---: |" * len(seeds)]
+    for n in names:
+        cells = []
+        for k in seeds:
+            r, b = by_seed[k].get(n), by_seed[k].get("bf16")
+            if r is None:
+                cells.append("–")
+            elif n == "bf16" or b is None:
+                cells.append(f"{r['held_out_loss']:.4f}")
+            else:
+                cells.append(f"{r['held_out_loss']:.4f} ({pct_vs(r['held_out_loss'], b['held_out_loss']):+.2f}%)")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for n in names:
+        if n == "bf16":
+            continue
+        diffs = [(k, pct_vs(c[n]["held_out_loss"], c["bf16"]["held_out_loss"]))
+                 for k, c in by_seed.items() if n in c and "bf16" in c]
+        if len(diffs) > 1:
+            lo, hi = min(d for _, d in diffs), max(d for _, d in diffs)
+            lines.append(f"- {n} against bf16: " + ", ".join(f"{d:+.2f}% (seed {k})" for k, d in diffs)
+                         + f"; the seeds differ by {hi - lo:.2f} points.")
+    return lines
 
 
 def _num(v, fmt="{:.1f}"):
@@ -146,7 +188,9 @@ def write(out_dir, doc, readme=None):
     if not results:
         return
     plot.loss_png(os.path.join(out_dir, "loss.png"), [(n, r["evals"]) for n, r in results.items()])
-    text = "\n".join(section(results, settings, doc["generated"], doc["machine"]) + [""] + sweep_table(doc)
+    seeds = seed_table(doc)
+    text = "\n".join(section(results, settings, doc["generated"], doc["machine"]) + [""]
+                     + (seeds + [""] if seeds else []) + sweep_table(doc)
                      + ["", RESULTS_END])
     if readme is None:
         with open(os.path.join(out_dir, "results.md"), "w") as f:

@@ -495,6 +495,10 @@ def parse_args(argv=None):
                     help="rewrite the sweep, loss.png and the README section from results.json only")
     ap.add_argument("--fresh", action="store_true",
                     help="start OUT/results.json afresh (needed when it holds results of other settings)")
+    ap.add_argument("--replicate", action="append", default=[], metavar="DIR",
+                    help="another seed's --out folder (made with these settings but --seed): its held-out losses "
+                         "go into results.json (replicates) and the report's table by seed; repeatable; kept "
+                         "by later runs with the same settings")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--static-low", type=int, default=None,
                     help="blocks the static plans put low when there is no prism-int8 result (without it and "
@@ -599,7 +603,7 @@ def main(argv=None):
             print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             drop_stale_statics(results)
-            write_results(results_path, key, last_evals, results)
+            write_results(results_path, key, last_evals, results, reps=old.get("replicates") if old else None)
     if not args.report_only:
         drop_stale_statics(results)
     swept, why = sweep(args, results)
@@ -608,7 +612,8 @@ def main(argv=None):
     if swept is None:
         print(f"run.py: no sweep: {why}", file=sys.stderr)
     # A run that ran nothing keeps the date and machine of the results it rewrites.
-    doc = write_results(results_path, key, last_evals, results, swept, why, None if ran else old)
+    reps = replicates(args.replicate, key, old)
+    doc = write_results(results_path, key, last_evals, results, swept, why, None if ran else old, reps)
     report.write(args.out, doc, args.readme)
     if failures:
         sys.exit(f"run.py: failed: {', '.join(failures)}")
@@ -622,12 +627,38 @@ def drop_stale_statics(results):
         del results[name]
 
 
-def write_results(path, key, last_evals, results, swept=None, why=None, old=None):
+def replicates(dirs, key, old):
+    """The replicates results.json carries: those of the previous doc (same settings; old is None
+    after --fresh), then each DIR's results.json summarized (held-out loss, low share, blocks low
+    at the end per configuration), keyed by its seed. Exits when a DIR's settings differ from key
+    in anything but the seed, or it has key's seed."""
+    reps = dict(old.get("replicates") or {}) if old else {}
+    for d in dirs:
+        path = os.path.join(os.path.abspath(d), "results.json")
+        if not os.path.exists(path):
+            sys.exit(f"run.py: --replicate {d}: no {path}")
+        other = previous_doc(path)
+        theirs = other.get("settings") or {}
+        differ = sorted(k for k in set(theirs) | set(key) if k != "seed" and theirs.get(k) != key.get(k))
+        if differ:
+            sys.exit(f"run.py: --replicate {d}: made with other settings (they differ in: {', '.join(differ)})")
+        if theirs.get("seed") == key.get("seed"):
+            sys.exit(f"run.py: --replicate {d}: seed {key.get('seed')} is this results.json's own seed")
+        reps[str(theirs["seed"])] = {
+            "generated": other.get("generated"),
+            "configs": {n: {"held_out_loss": r["held_out_loss"], "low_share": r["low_share"],
+                            "final_low_blocks": r["final_low_blocks"]}
+                        for n, r in (other.get("configs") or {}).items()}}
+    return {k: reps[k] for k in sorted(reps, key=int)}
+
+
+def write_results(path, key, last_evals, results, swept=None, why=None, old=None, reps=None):
     ordered = {c["name"]: results[c["name"]] for c in CONFIGS if c["name"] in results}
     doc = {"generated": old["generated"] if old else
            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": old["machine"] if old else machine(), "settings": key, "last_evals": last_evals,
-           "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None}
+           "configs": ordered, "sweep": swept, "no_sweep": why if swept is None else None,
+           "replicates": reps or {}}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)

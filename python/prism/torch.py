@@ -636,6 +636,7 @@ class Attachment:
                 self._masters[b] = masters
             for p, w in zip(self.params[b], self._low_weights(b, fmt, masters)):
                 p.copy_(w)
+        _weights_changed()
         self.applied[b] = fmt
 
     def _restore_weights(self):
@@ -643,6 +644,7 @@ class Attachment:
             for b, masters in self._masters.items():
                 for p, m in zip(self.params[b], masters):
                     p.copy_(m)
+        _weights_changed()
         self._masters.clear()
         self.applied = ["bf16"] * len(self.blocks)
 
@@ -751,14 +753,17 @@ class Attachment:
                 for args in captured[b]:
                     for p, o in zip(self.params[b], originals):
                         p.copy_(o.to(torch.bfloat16).to(o.dtype))
+                    _weights_changed()
                     ref = _first_tensor(block(*args))
                     for p, w in zip(self.params[b], low_weights):
                         p.copy_(w)
+                    _weights_changed()
                     low = _first_tensor(block(*args))
                     total += kernels.relative_error(ref.float().contiguous().reshape(-1),
                                                     low.float().contiguous().reshape(-1))
                 for p, o in zip(self.params[b], originals):
                     p.copy_(o)
+                _weights_changed()
                 errors[b] = total / len(captured[b])
         return errors
 
@@ -784,6 +789,18 @@ class Attachment:
         self._restore_weights()
         self.client.close()
         self.transfer.close()
+
+
+def _weights_changed():
+    """Called after parameters were overwritten in place. Inside torch.autocast, a parameter's
+    cast to the lower precision is cached until the outermost autocast region ends, and a forward
+    pass in the same region would keep using the cast of the weights as they were: calibrate's
+    reference and low weights would both be the cast of the captured pass's weights (only
+    parameters autocast does not cast, such as LayerNorm's, would differ), and a map applied inside
+    a region would not reach the Linears. Dropping the cache makes the next cast see the weights
+    as they are now."""
+    if torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled():
+        torch.clear_autocast_cache()
 
 
 def _first_tensor(out):

@@ -375,6 +375,48 @@ class AgentTest(unittest.TestCase):
             for p, m in zip(blocks[b].parameters(), masters[b]):
                 self.assertTrue(torch.equal(p.detach(), m), "calibrate changed the weights")
         self.assertEqual(pt.counters()["calibrations_sent"], 1)
+
+        # Under torch.autocast, which caches each parameter's BF16 cast until its outermost region
+        # ends: calibrate inside one region measures the weights it puts in place (not the cast
+        # of the weights its capturing pass saw, which would give 0 for a Linear), the same
+        # figures as each forward pass in a region of its own.
+        def autocast():
+            return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+
+        with autocast():
+            errors = pt.calibrate(model, samples=2, fmt="int8")
+        with torch.no_grad():
+            inputs = [x]
+            for b in range(2):
+                with autocast():
+                    inputs.append(blocks[b](inputs[-1]))
+            for b in range(3):
+                w, bias = blocks[b].weight, blocks[b].bias
+                with autocast():
+                    ref = torch.nn.functional.linear(inputs[b], w.to(torch.bfloat16).float(),
+                                                     bias.to(torch.bfloat16).float())
+                with autocast():
+                    low = torch.nn.functional.linear(inputs[b], *self.as_transferred([w, bias], "int8"))
+                want = prism.relative_error(ref.float().reshape(-1).contiguous(), low.float().reshape(-1).contiguous())
+                self.assertEqual(errors[b], want, f"block {b} under autocast")
+                self.assertGreater(errors[b], 0)
+        self.assertEqual(pt.counters()["calibrations_sent"], 2)
+        # A map applied inside a region reaches the Linears: after a forward pass cached the
+        # full-precision casts, begin_step puts block 1's int8 weights in, and the next pass in
+        # the same region computes with them.
+        with torch.no_grad():
+            with autocast():
+                full = model()
+                pt.begin_step(step)
+                mapped = model()
+            with autocast():
+                want = model()  # block 1 still holds its int8 weights; a region of its own
+        self.assertTrue(torch.equal(mapped, want))
+        self.assertFalse(torch.equal(mapped, full))
+        pt._restore_weights()
+        for b in range(3):
+            for p, m in zip(blocks[b].parameters(), masters[b]):
+                self.assertTrue(torch.equal(p.detach(), m))
         pt.close()
 
 

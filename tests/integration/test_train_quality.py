@@ -268,6 +268,76 @@ class TrainQualitySmokeTest(unittest.TestCase):
             self.assertIn(f"\n| {name} | ", text)
 
 
+    def test_replicates_of_another_seed_in_the_report(self):
+        """run.py --report-only --replicate DIR: another seed's results go into results.json and a
+        table by seed (each against its own seed's bf16); they stay when the report is made again
+        without --replicate; a DIR of other settings, of the same seed, or without results.json is
+        refused by name, and nothing is written."""
+        work = tempfile.mkdtemp(prefix="prism-train-quality-rep-")
+        try:
+            main, other, bad = (os.path.join(work, n) for n in ("main", "seed7", "bad"))
+            for d in (main, other, bad):
+                os.makedirs(d)
+            shutil.copy(os.path.join(self.dir, "results.json"), main)
+            rep = json.loads(json.dumps(self.doc))
+            rep["settings"]["seed"] = 7
+            rep["configs"] = {n: rep["configs"][n] for n in ("bf16", "prism-int8")}
+            rep["configs"]["bf16"]["held_out_loss"] = 2.0
+            rep["configs"]["prism-int8"]["held_out_loss"] = 2.01
+            with open(os.path.join(other, "results.json"), "w") as f:
+                json.dump(rep, f)
+
+            def make_report(*extra):
+                return subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--report-only", "--build-dir",
+                                       BUILD, "--out", main, *extra], capture_output=True, text=True, timeout=120)
+
+            def written():
+                with open(os.path.join(main, "results.json")) as f:
+                    return f.read()
+
+            before = written()
+            bad_seed = json.loads(json.dumps(rep))
+            bad_seed["settings"]["seed"] = self.doc["settings"]["seed"]
+            bad_steps = json.loads(json.dumps(rep))
+            bad_steps["settings"]["steps"] += 1
+            for doc, message in ((bad_seed, f"seed {self.doc['settings']['seed']} is this results.json's own seed"),
+                                 (bad_steps, "made with other settings (they differ in: steps)"),
+                                 (None, f"no {os.path.join(bad, 'results.json')}")):
+                if doc is None:
+                    os.remove(os.path.join(bad, "results.json"))
+                else:
+                    with open(os.path.join(bad, "results.json"), "w") as f:
+                        json.dump(doc, f)
+                proc = make_report("--replicate", bad)
+                self.assertEqual(proc.returncode, 1, proc.stderr)
+                self.assertEqual(proc.stderr.strip().splitlines()[-1], f"run.py: --replicate {bad}: {message}")
+                self.assertEqual(written(), before)
+
+            proc = make_report("--replicate", other)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            for again in (False, True):
+                if again:
+                    self.assertEqual(make_report().returncode, 0)
+                with open(os.path.join(main, "results.json")) as f:
+                    doc = json.load(f)
+                self.assertEqual(doc["replicates"], {"7": {
+                    "generated": rep["generated"],
+                    "configs": {n: {"held_out_loss": r["held_out_loss"], "low_share": r["low_share"],
+                                    "final_low_blocks": r["final_low_blocks"]} for n, r in rep["configs"].items()}}})
+                with open(os.path.join(main, "results.md")) as f:
+                    text = f.read()
+                seed = self.doc["settings"]["seed"]
+                b, p = self.results["bf16"]["held_out_loss"], self.results["prism-int8"]["held_out_loss"]
+                d = report.pct_vs(p, b)
+                self.assertIn(f"| configuration | seed {seed} | seed 7 |\n| --- | ---: | ---: |\n"
+                              f"| bf16 | {b:.4f} | 2.0000 |\n| prism-int8 | {p:.4f} ({d:+.2f}%) | 2.0100 (+0.50%) |\n",
+                              text)
+                self.assertIn(f"- prism-int8 against bf16: {d:+.2f}% (seed {seed}), +0.50% (seed 7); the seeds "
+                              f"differ by {abs(0.5 - d):.2f} points.", text)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 class StaticPlanTest(unittest.TestCase):
     """The fixed plans' blocks, without processes."""
 
