@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 BUILD = os.path.abspath(os.environ.get("PRISM_BUILD_DIR", "build"))
 SOURCE = os.path.abspath(os.environ.get("PRISM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -419,6 +420,108 @@ class AgentTest(unittest.TestCase):
                 self.assertTrue(torch.equal(p.detach(), m))
         pt.close()
 
+
+    def test_torch_attachment_calibrates_every_wanted_format_on_one_capture(self):
+        """Under low_precision auto, calibrate() without a format measures each format prismd
+        wants, on one capture, and reports each: the same figures as one call per format; prismd
+        then tells the rank that none is wanted any more."""
+        import torch
+        import prism.torch
+        d = self.prismd(config_values=dict(CONFIG, low_precision="auto", low_formats=["int4", "fp8_e4m3", "int8"]))
+        self.agent(d.grpc)
+        torch.manual_seed(0)
+        blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+        pt = prism.torch.attach(blocks, job_id="t2", dir=os.path.join(self.dir, "shared"), model_id="t2",
+                                reconnect_interval_ms=50)
+        x = torch.randn(4, 16)
+
+        def model():
+            return blocks[2](blocks[1](blocks[0](x)))
+
+        def state(ready):
+            def poll():
+                pt.begin_step(0)
+                s = pt.client.state()
+                return s if s["upstream_connected"] and ready(s) else None
+            return wait_for("the rank's state", poll)
+
+        self.assertEqual(state(lambda s: s["calibration_formats"])["calibration_formats"],
+                         ["int4", "fp8_e4m3", "int8"])
+        self.assertTrue(pt.calibration_wanted())
+        got = pt.calibrate(model, samples=2)
+        self.assertEqual(list(got), ["int4", "fp8_e4m3", "int8"])
+        for fmt, errors in got.items():
+            self.assertEqual(sorted(errors), [0, 1, 2])
+            self.assertEqual(errors, pt.calibrate(model, samples=2, fmt=fmt), fmt)
+        for b in range(3):
+            self.assertGreater(got["int4"][b], got["int8"][b])
+        self.assertEqual(pt.counters()["calibrations_sent"], 6)
+        s = state(lambda s: not s["calibration_formats"])
+        self.assertEqual((s["calibration_needed"], s["calibration_formats"]), (False, []))
+        self.assertFalse(pt.calibration_wanted())
+        pt.close()
+
+    def test_torch_static_scales_saturate_and_the_block_goes_back_to_bf16(self):
+        """scale_mode static: the transfer keeps the scales of the weights as attached; block 1
+        goes low by score, then its weights grow 16x, its int8 images saturate, end_step reports
+        the fractions, and the next decision sends it to bf16 with reason saturation, prismd
+        showing the fraction the kernels give."""
+        import torch
+        import prism.torch
+        d = self.prismd(config_values=dict(CONFIG, scale_mode="static", run_calibration=False))
+        self.agent(d.grpc)
+        torch.manual_seed(1)
+        blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+        attached = prism.torch._flat_bf16(list(blocks[1].parameters()))
+        pt = prism.torch.attach(blocks, job_id="t3", dir=os.path.join(self.dir, "shared"), model_id="t3",
+                                reconnect_interval_ms=50)
+        x = torch.randn(4, 16)
+
+        def step(n):
+            pt.begin_step(n)
+            # Block 1's gradients 10^4 times smaller than the others': its score is low.
+            (blocks[0](x).sum() + 1e-4 * blocks[1](x).sum() + blocks[2](x).sum()).backward()
+            pt.end_step(n, loss=1.0)
+            for p in blocks.parameters():
+                p.grad = None
+            time.sleep(0.02)
+
+        n = 0
+        while pt.precisions()[1] != "int8" and n < 200:
+            step(n)
+            n += 1
+        self.assertEqual(pt.precisions()[1], "int8")
+        self.assertEqual(pt.client.state()["scale_mode"], "static")
+        with torch.no_grad():
+            for p in blocks[1].parameters():
+                p.mul_(16)
+        grown = prism.torch._flat_bf16(list(blocks[1].parameters()))
+        _, registered, _ = prism.quantize_counted(attached, "int8", "block", 128)
+        _, _, counts = prism.quantize_scaled(grown, registered, "int8", "block", 128)
+        self.assertGreater(counts.saturated, 0)
+        start = n
+        while pt.precisions()[1] != "bf16" and n < start + 200:
+            step(n)
+            n += 1
+        self.assertEqual(pt.precisions()[1], "bf16")
+        doc = json.loads(http_get(d.http, "/v1/jobs/t3/blocks")[1])
+        self.assertEqual([b["reason"] for b in doc["blocks"] if b["id"] == 1], ["saturation"])
+        # The steps' reports, as prismd recorded them: block 1's fractions while it was low are
+        # those of the attached weights' own scales (0 saturated) and then exactly the kernels'.
+        import test_trace_record
+        with urllib.request.urlopen("http://%s/v1/jobs/t3/trace" % d.http, timeout=30) as answer:
+            records = test_trace_record.decode(answer.read())
+        seen = set()
+        for r in records:
+            if r.WhichOneof("record") != "step":
+                continue
+            for b in r.step.merged.blocks:
+                if b.block_id == 1 and b.WhichOneof("optional_saturated_fraction"):
+                    seen.add((b.saturated_fraction, b.underflowed_fraction))
+        want = (counts.saturated / grown.numel(), counts.underflowed / grown.numel())
+        self.assertIn(want, seen)
+        self.assertEqual([f for f in seen if f != want and f[0] != 0.0], [])
+        pt.close()
 
 if __name__ == "__main__":
     unittest.main()
