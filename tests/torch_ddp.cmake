@@ -24,3 +24,11 @@ if(PRISM_PYTHON_TESTS)
       REQUIRED_FILES "$<TARGET_FILE:prism>" TIMEOUT 600)
   endforeach()
 endif()
+# The hook's scale modes (issue 17): current, pow2, delayed, static and the job's, worked out
+# step by step with the kernels on one rank; the same bits on every rank of two
+# (tests/python/test_torch_ddp_scales.py).
+if(PRISM_PYTHON_TESTS)
+  add_test(NAME test_torch_ddp_scales COMMAND ${PRISM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/test_torch_ddp_scales.py)
+  set_tests_properties(test_torch_ddp_scales PROPERTIES ENVIRONMENT "${PRISM_PY_TEST_ENV}"
+    REQUIRED_FILES "$<TARGET_FILE:prism>" TIMEOUT 600)
+endif()

@@ -69,6 +69,11 @@ from . import kernels
 
 WIRES = ("int8", "fp8_e4m3", "fp8_e5m2", "int4")
 OPS = ("sum", "avg")
+SCALES = ("fp32", "pow2")  # quantized_allreduce's own scales (prism_coll_spec.scale_mode)
+SCALE_MODES = ("current", "pow2", "delayed", "static")  # the job's config key scale_mode (DESIGN 4.7)
+_SCALE_MODE_CODE = {m: i for i, m in enumerate(SCALE_MODES)}
+_QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int4": 7.0}
+_SMALLEST = float(np.float32(2.0 ** -149))
 ROW_WIDTH_DEFAULT = 256
 ROW_WIDTH_MAX = 65536
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -174,6 +179,9 @@ def _check_headers(all_headers, rank):
             return f"wire: rank 0 passed {names.get(h0[2], '?')}, rank {k} {names.get(h[2], '?')}"
         if h[3] != h0[3]:
             return f"op: rank 0 passed {ops.get(h0[3], '?')}, rank {k} {ops.get(h[3], '?')}"
+        if h[4] != h0[4]:
+            return f"scale_mode: rank 0 passed {SCALES[h0[4]] if h0[4] < 2 else '?'}, rank {k} " \
+                   f"{SCALES[h[4]] if h[4] < 2 else '?'}"
         if h[5] != h0[5]:
             return f"row_width: rank 0 uses {h0[5]}, rank {k} {h[5]}"
         if h[6] != h0[6]:
@@ -183,6 +191,11 @@ def _check_headers(all_headers, rank):
         if h[8] != h0[8]:
             return f"tensors: rank 0 and rank {k} passed tensors of different sizes (the same number of rows)"
     return None
+
+
+class ScaleModeMismatch(ValueError):
+    """Raised on every rank when the ranks passed different `scale`s to quantized_allreduce (the
+    same verdict everywhere, before any data moved)."""
 
 
 def _finish_sum(acc, divisor):
@@ -199,7 +212,41 @@ def _finish_sum(acc, divisor):
     return acc
 
 
-def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=None):
+def _check_scale(scale):
+    if scale not in SCALES:
+        raise ValueError(f"scale: unknown value {scale!r} (known: {', '.join(SCALES)})")
+    return scale
+
+
+def row_amax(t, w):
+    """Each row's largest finite |x| (0 when none) of tensor t cut into rows of w elements (its
+    last row padded with zeros), as float32: the amax the kernels take a row's scale from."""
+    flat = t.reshape(-1)
+    n = flat.numel()
+    r = n // w + (n % w != 0)
+    x = torch.zeros(r * w, dtype=torch.float32, device=flat.device)
+    x[:n] = flat.float().abs()
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    return x.view(r, w).amax(dim=1)
+
+
+def delayed_scales(hist_max, margin, fmt):
+    """prism.kernels.scale_delayed (prism_quant_scale_delayed) of every element of a float32
+    tensor, the same bits: hist_max * 2**margin rounded once to float32, divided by qmax(fmt) in
+    float32; 1 where hist_max is not a finite value > 0, FLT_MAX where the result overflows,
+    2**-149 where it underflows to 0."""
+    h = hist_max.float()
+    m = max(-300, min(300, int(margin)))
+    t = (h.double() * (2.0 ** m)).float()  # exact in float64, then one rounding, as C
+    s = t / torch.tensor(_QMAX[fmt], dtype=torch.float32, device=h.device)
+    s = torch.where(torch.isfinite(s), s, torch.full_like(s, _FLT_MAX))
+    s = torch.where(s > 0, s, torch.full_like(s, _SMALLEST))
+    usable = (h > 0) & torch.isfinite(h)
+    return torch.where(usable, s, torch.ones_like(s))
+
+
+def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=None, scale="fp32",
+                        scales_in=None, scales_out=None, want_amax=False):
     """All-reduces `tensors` in place with Prism's algorithm (the module's docstring): every
     tensor becomes the quantized sum (op "sum") or average ("avg") over the group's ranks, the
     same bits on every rank and the bits prism_coll_allreduce gives for the same inputs.
@@ -207,14 +254,23 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
     tensors: contiguous float32, bfloat16 or float16 tensors (each its own dtype and shape), all
     on one device; every rank passes the same sizes in the same order. wire: "int8", "fp8_e4m3",
     "fp8_e5m2", "int4". row_width: elements per row and scale (None: 256; a multiple of 8 up to
-    65536). Collective: every rank of the group calls it.
+    65536). scale: "fp32" (amax / qmax) or "pow2" (prism_coll_spec.scale_mode; every rank the
+    same). Collective: every rank of the group calls it.
+
+    Caller-given scales (the hook's delayed and static modes; no C equivalent): scales_in, one
+    float32 scale per row of this rank's tensors (layout_of(...).rows, in order), replaces step
+    1's; scales_out, one per row of this rank's slice (rows_per_rank), replaces step 4's. Every
+    rank still gets the same bits: each contribution and each slice travels with its scales.
+    want_amax: also return "amax_in" (each of this rank's rows' amax) and "amax_out" (each of
+    its slice's rows'), float32 tensors, for a delayed-scaling history.
 
     Returns {"bytes_sent": payload bytes this rank sent (headers not counted), "bf16_bytes": what
     a BF16 ring all-reduce of the same elements sends, "nonfinite": NaN/Inf inputs of all ranks
-    (sent as 0)}. ValueError names the argument at fault; a mismatch between ranks raises
+    (sent as 0), "saturated": elements this rank's quantizations under given scales clamped}. ValueError names the argument at fault; a mismatch between ranks raises
     ValueError on every rank."""
     _check_wire(wire)
     _check_op(op)
+    _check_scale(scale)
     w = _check_row_width(row_width)
     tensors = list(tensors)
     group = _group_of(process_group)
@@ -241,6 +297,12 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
     rpr = lay.rows_per_rank
     codes_block = rpr * code_row  # bytes of a slice's codes, then rpr * 4 of scales
     nonfinite = 0
+    saturated = 0
+    if refusal is None and scales_in is not None and tuple(scales_in.shape) != (lay.rows,):
+        refusal = ValueError(f"scales_in: {tuple(scales_in.shape)}, the tensors make {lay.rows} rows")
+    if refusal is None and scales_out is not None and tuple(scales_out.shape) != (rpr,):
+        refusal = ValueError(f"scales_out: {tuple(scales_out.shape)}, a slice has {rpr} rows")
+    amax_in = torch.zeros(lay.rows, dtype=torch.float32, device=device) if want_amax else None
 
     # Step 1: every row quantized into its place; empty padding rows: codes 0, scale 1.
     codes = torch.zeros(lay.padded_rows, code_row, dtype=torch.uint8, device=device)
@@ -253,7 +315,17 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
                 if n == 0:
                     continue
                 r = n // w + (n % w != 0)
-                c, s, bad = kernels.quantize(t.reshape(-1), wire, "block", w, return_nonfinite=True)
+                if scales_in is None:
+                    c, s, bad = kernels.quantize(t.reshape(-1), wire, "block", w, scale=scale, return_nonfinite=True)
+                    if want_amax:
+                        amax_in[g:g + r] = row_amax(t, w)
+                else:
+                    s = scales_in[g:g + r].float().contiguous()
+                    c, a, counts = kernels.quantize_scaled(t.reshape(-1), s, wire, "block", w)
+                    bad = counts.nonfinite
+                    saturated += counts.saturated
+                    if want_amax:
+                        amax_in[g:g + r] = a
                 codes[g:g + r].view(-1)[:c.numel()] = c
                 scales[g:g + r] = s
                 nonfinite += bad
@@ -261,16 +333,19 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
         except (ValueError, RuntimeError) as e:
             refusal = e
 
-    mine = [_MAGIC, 1 if refusal else 0, _WIRE_CODE[wire], _OP_CODE[op], 0, w, len(tensors), lay.rows,
-            _sizes_hash(numels), nonfinite]
+    mine = [_MAGIC, 1 if refusal else 0, _WIRE_CODE[wire], _OP_CODE[op], SCALES.index(scale), w, len(tensors),
+            lay.rows, _sizes_hash(numels), nonfinite]
     headers = _exchange_headers(mine, group, world, device)
     if refusal is not None:
         raise refusal
     problem = _check_headers(headers, rank)
     if problem:
-        raise ValueError(problem)
+        raise (ScaleModeMismatch if problem.startswith("scale_mode:") else ValueError)(problem)
     stats = {"bytes_sent": lay.wire_bytes, "bf16_bytes": 4 * sum(numels) * (world - 1) // world,
-             "nonfinite": sum(h[9] for h in headers)}
+             "nonfinite": sum(h[9] for h in headers), "saturated": saturated}
+    if want_amax:
+        stats["amax_in"] = amax_in
+        stats["amax_out"] = torch.zeros(rpr, dtype=torch.float32, device=device)
     if rpr == 0:
         return stats
 
@@ -289,8 +364,17 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
         kernels.dequantize_accumulate(acc, recv[q, :codes_block], recv[q, codes_block:].view(torch.float32), wire,
                                       granularity="row", row=w)
     _finish_sum(acc, world if op == "avg" else 1)
-    # Step 4: the slice requantized with new scales.
-    c2, s2 = kernels.quantize(acc, wire, "row", row=w)
+    # Step 4: the slice requantized with new scales (or the caller's).
+    if scales_out is None:
+        c2, s2 = kernels.quantize(acc, wire, "row", row=w, scale=scale)
+        if want_amax:
+            stats["amax_out"] = row_amax(acc, w)
+    else:
+        s2 = scales_out.float().contiguous()
+        c2, a2, counts = kernels.quantize_scaled(acc, s2, wire, "row", row=w)
+        stats["saturated"] += counts.saturated
+        if want_amax:
+            stats["amax_out"] = a2
     mine_slice = torch.cat([c2, s2.view(torch.uint8)])
     # Step 5: all-gather, and every row back into its tensor.
     if world > 1:
@@ -319,6 +403,16 @@ class QuantizedAllReduceState:
     call). wire: "int8", "fp8_e4m3", "fp8_e5m2", "int4", or "map" (needs `attachment`, a
     prism.torch.Attachment or anything with `blocks` and `precisions()`). row_width: None (256)
     or a multiple of 8 up to 65536. op: "avg" (DDP's default: the mean gradient) or "sum".
+    scale_mode (DESIGN 4.7's config key, for the gradients): "current" (per-row FP32 scales of
+    each call, the C collectives' default), "pow2" (the same rounded up to powers of two, the C
+    collectives' POW2), "delayed" (a row's scale from the max of its amax over the bucket's last
+    amax_history_len calls, times 2**scale_margin: this rank's rows and its slice's rows apart),
+    "static" (the scales of the bucket's first call, kept), or "job": the job's scale_mode,
+    amax_history_len and scale_margin as `attachment`'s client shows them at each bucket, so a
+    PATCH of the job's config reaches the hook. Every rank still gets the same bits in every mode
+    (each contribution and slice travels with its scales); ranks that change between pow2 and
+    another mode at different steps redo that call with FP32 headers (scale_mismatches). Under
+    delayed and static the first call of a bucket runs with current scales.
 
     Counters (this rank, all calls): wire_bytes, bf16_bytes, calls (buckets), collectives
     (Prism all-reduces run), plain_allreduces (unquantized parts in map mode), nonfinite (NaN/Inf
@@ -327,12 +421,26 @@ class QuantizedAllReduceState:
     buckets, whose format differed between ranks and so went unquantized: the same figure on
     every rank), map_exchanges and map_exchange_bytes (the agreement all-gathers and the bytes
     this rank sent in them, not in wire_bytes, as headers are not), map_errors (this rank's
-    buckets whose map could not be read: sent unquantized from its side)."""
+    buckets whose map could not be read: sent unquantized from its side); saturated (elements
+    this rank's quantizations under delayed or static scales clamped), scale_mismatches."""
 
-    def __init__(self, process_group=None, wire="fp8_e4m3", attachment=None, row_width=None, op="avg"):
+    def __init__(self, process_group=None, wire="fp8_e4m3", attachment=None, row_width=None, op="avg",
+                 scale_mode="current", amax_history_len=16, scale_margin=0):
         self.wire = _check_wire(wire, allow_map=True)
         self.op = _check_op(op)
         self.row_width = _check_row_width(row_width)
+        if scale_mode not in SCALE_MODES + ("job",):
+            raise ValueError(f"scale_mode: unknown value {scale_mode!r} (known: {', '.join(SCALE_MODES)}, job)")
+        if scale_mode == "job" and (attachment is None or not hasattr(attachment, "client")):
+            raise ValueError("attachment: scale_mode='job' needs an Attachment (its client's state)")
+        if (isinstance(amax_history_len, bool) or not isinstance(amax_history_len, int)
+                or not 1 <= amax_history_len <= 1024):
+            raise ValueError(f"amax_history_len: {amax_history_len!r} is not an integer from 1 to 1024")
+        if isinstance(scale_margin, bool) or not isinstance(scale_margin, int) or not -32 <= scale_margin <= 32:
+            raise ValueError(f"scale_margin: {scale_margin!r} is not an integer from -32 to 32")
+        self.scale_mode = scale_mode
+        self.amax_history_len = amax_history_len
+        self.scale_margin = scale_margin
         if wire == "map":
             if attachment is None:
                 raise ValueError("attachment: wire='map' needs an Attachment (its blocks and precisions())")
@@ -352,7 +460,10 @@ class QuantizedAllReduceState:
         self.map_exchanges = 0
         self.map_exchange_bytes = 0
         self.map_errors = 0
+        self.saturated = 0  # elements clamped by this rank's quantizations under delayed or static scales
+        self.scale_mismatches = 0  # calls whose ranks were in different per-step modes: redone in current
         self._block_of = None  # id(parameter) -> block index, built at the first call in map mode
+        self._histories = {}  # (bucket key, wire) -> _History, under delayed and static
 
     def _formats(self, params):
         """Each parameter's wire format in this rank's current map ("bf16": unquantized). A map
@@ -401,9 +512,54 @@ class QuantizedAllReduceState:
                 self.map_disagreements += 1
         return agreed
 
-    def allreduce_bucket(self, buffer, params):
+    def _mode(self):
+        """(scale mode, amax_history_len, scale_margin) for this bucket: the state's, or under
+        "job" the job's as the attachment's client shows it now (current when it cannot be read)."""
+        if self.scale_mode != "job":
+            return self.scale_mode, self.amax_history_len, self.scale_margin
+        try:
+            s = self.attachment.client.state()
+            mode = s["scale_mode"] if s["scale_mode"] in SCALE_MODES else "current"
+            return mode, int(s["amax_history_len"]) or 16, int(s["scale_margin"])
+        except Exception:  # noqa: BLE001 -- training never dies because of Prism's state
+            return "current", 16, 0
+
+    def _allreduce_part(self, part, fmt, group, world, key):
+        """One Prism all-reduce of `part` in `fmt` under the bucket's scale mode: current and pow2
+        as the C collectives (scale fp32 / pow2); delayed and static with the part's history's
+        scales (quantized_allreduce's scales_in / scales_out)."""
+        mode, hist_len, margin = self._mode()
+        h, sin, sout = None, None, None
+        if mode in ("delayed", "static"):
+            lay = layout_of([v.numel() for v in part], fmt, world, self.row_width)
+            h = self._histories.get((key, fmt))
+            if h is None or not h.fits(mode, hist_len, margin, lay.rows, lay.rows_per_rank):
+                h = _History(mode, hist_len, margin, lay.rows, lay.rows_per_rank)
+                self._histories[(key, fmt)] = h
+            sin, sout = h.scales(fmt)
+
+        def call(scale):
+            return quantized_allreduce(part, fmt, self.op, self.row_width, group, scale=scale, scales_in=sin,
+                                       scales_out=sout, want_amax=h is not None)
+
+        try:
+            st = call("pow2" if mode == "pow2" else "fp32")
+        except ScaleModeMismatch:
+            # Ranks that took a change of the job's mode at different steps (one pow2, one not):
+            # every rank got this verdict from the headers before any data moved, and every rank
+            # does the call again with fp32 headers (each keeps its own scales: they travel).
+            self.scale_mismatches += 1
+            st = call("fp32")
+        if h is not None:
+            h.push(st["amax_in"], st["amax_out"])
+            self.saturated += st["saturated"]
+        return st
+
+    def allreduce_bucket(self, buffer, params, key=None):
         """All-reduces one bucket in place: `buffer` the flat gradients of `params`, one after the
-        other (DDP's bucket layout). Collective."""
+        other (DDP's bucket layout). key: what identifies the bucket from call to call for the
+        delayed and static histories (the hook passes the bucket's index; None: its parameters).
+        Collective."""
         group = _group_of(self.process_group)
         world = dist.get_world_size(group)
         flat = buffer.view(-1)
@@ -421,7 +577,8 @@ class QuantizedAllReduceState:
             part = [v for v, f in zip(views, formats) if f == fmt]
             if not part:
                 continue
-            st = quantized_allreduce(part, fmt, self.op, self.row_width, group)
+            st = self._allreduce_part(part, fmt, group, world,
+                                      key if key is not None else tuple(id(p) for p in params))
             self.wire_bytes += st["bytes_sent"]
             self.nonfinite += st["nonfinite"]
             self.collectives += 1
@@ -448,16 +605,52 @@ class QuantizedAllReduceState:
         return buffer
 
 
+class _History:
+    """One bucket part's scales under delayed or static scaling (DESIGN 4.7 for gradients).
+    delayed: the rows' amax of the last hist_len calls, this rank's rows (step 1) and its slice's
+    (step 4) apart; a row's scale is prism_quant_scale_delayed(max over them, margin, format).
+    static: the amax of the first call, kept: its FP32 scales for every later call. The first
+    call of either has no history and runs with the current FP32 scales."""
+
+    def __init__(self, mode, hist_len, margin, rows, rows_per_rank):
+        self.mode, self.hist_len, self.margin = mode, hist_len, margin
+        self.rows, self.rpr = rows, rows_per_rank
+        self.ins, self.outs = [], []  # amax tensors, oldest first (static: the first call's only)
+
+    def fits(self, mode, hist_len, margin, rows, rows_per_rank):
+        return (self.mode, self.hist_len, self.margin, self.rows, self.rpr) == (mode, hist_len, margin, rows,
+                                                                              rows_per_rank)
+
+    def scales(self, fmt):
+        """(scales_in, scales_out) for the next call; (None, None) before the first."""
+        if not self.ins:
+            return None, None
+        margin = 0 if self.mode == "static" else self.margin
+        sin = delayed_scales(torch.stack(self.ins).amax(dim=0), margin, fmt)
+        sout = delayed_scales(torch.stack(self.outs).amax(dim=0), margin, fmt)
+        return sin, sout
+
+    def push(self, amax_in, amax_out):
+        if self.mode == "static" and self.ins:
+            return
+        self.ins.append(amax_in)
+        self.outs.append(amax_out)
+        if len(self.ins) > self.hist_len:
+            del self.ins[0]
+            del self.outs[0]
+
+
 def quantized_allreduce_hook(state, bucket):
     """DDP communication hook (DistributedDataParallel.register_comm_hook(state, this)): all-reduces
     the bucket's gradients with Prism's algorithm in the format state.wire says, counts the bytes
     in `state`, and returns a completed Future holding the bucket's buffer."""
     buffer = bucket.buffer()
-    state.allreduce_bucket(buffer, list(bucket.parameters()))
+    key = bucket.index() if hasattr(bucket, "index") else None
+    state.allreduce_bucket(buffer, list(bucket.parameters()), key=key)
     fut = torch.futures.Future()
     fut.set_result(buffer)
     return fut
 
 
-__all__ = ["Layout", "OPS", "QuantizedAllReduceState", "WIRES", "layout_of", "quantized_allreduce",
-           "quantized_allreduce_hook"]
+__all__ = ["Layout", "OPS", "QuantizedAllReduceState", "SCALES", "SCALE_MODES", "ScaleModeMismatch", "WIRES",
+           "delayed_scales", "layout_of", "quantized_allreduce", "quantized_allreduce_hook", "row_amax"]
