@@ -30,6 +30,10 @@ PRISM_ABI(offsetof(prism_grad_stats, mean) == 16 && offsetof(prism_grad_stats, v
 PRISM_ABI(offsetof(prism_grad_stats, numel) == 32 && offsetof(prism_grad_stats, nonfinite) == 40);
 PRISM_ABI(sizeof(prism_grad_stats) == 48);
 
+PRISM_ABI(offsetof(prism_quant_counts, saturated) == 0 && offsetof(prism_quant_counts, underflowed) == 8);
+PRISM_ABI(offsetof(prism_quant_counts, nonfinite) == 16 && offsetof(prism_quant_counts, bad_scale) == 24);
+PRISM_ABI(sizeof(prism_quant_counts) == 32);
+
 /* include/prism/client.h, as python/prism/client.py declares it. */
 PRISM_ABI(offsetof(prism_client_options, dir) == 0 && offsetof(prism_client_options, socket_name) == 8);
 PRISM_ABI(offsetof(prism_client_options, hints_name) == 16 && offsetof(prism_client_options, job_id) == 24);

@@ -159,8 +159,8 @@ prism_status prism_client_report_step_cpu(prism_client *c, uint64_t step, const 
 
 /* A block's quantization figures of a step (issue 17): the fractions of its elements that
  * saturated (the clamp to the format's largest value changed the code: prism_quant_counts in
- * kernels.h) and that underflowed (x != 0 quantized to 0). Both finite and in [0, 1], or both NaN: not measured for this block (the report then
- * carries neither). */
+ * kernels.h) and that underflowed (x != 0 quantized to 0). Both finite and in [0, 1], or both
+ * NaN: not measured for this block (the report then carries neither). */
 typedef struct prism_block_fractions {
     double saturated;
     double underflowed;

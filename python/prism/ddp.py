@@ -302,6 +302,14 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
         refusal = ValueError(f"scales_in: {tuple(scales_in.shape)}, the tensors make {lay.rows} rows")
     if refusal is None and scales_out is not None and tuple(scales_out.shape) != (rpr,):
         refusal = ValueError(f"scales_out: {tuple(scales_out.shape)}, a slice has {rpr} rows")
+    # Given scales are checked before the headers, so that a bad one is a refusal every rank sees
+    # (on CUDA the kernels would write its rows as 0 and carry on).
+    for name, given in (("scales_in", scales_in), ("scales_out", scales_out)):
+        if refusal is None and given is not None:
+            bad = ~(torch.isfinite(given) & (given > 0))
+            if bool(bad.any()):
+                g = int(bad.nonzero()[0, 0])
+                refusal = ValueError(f"{name}[{g}]: {float(given[g])} is not a finite scale > 0")
     amax_in = torch.zeros(lay.rows, dtype=torch.float32, device=device) if want_amax else None
 
     # Step 1: every row quantized into its place; empty padding rows: codes 0, scale 1.

@@ -434,8 +434,9 @@ def quantize_scaled(x, scales, fmt, granularity="block", block=128, rounding="ne
 
     scales: float32, on the host or x's CUDA device; every one finite and > 0. On the host a
         bad one raises PrismInvalidError "scales[G]: V is not a finite scale > 0"; on the device
-        (never read by the host, so the call does not wait for the GPU) its group's codes are 0
-        and Counts.bad_scale counts it. With the scales quantize() returns, the codes are
+        the kernel checks them (prism_quantize_scaled_cuda never reads them on the host) and a
+        bad one's group gets codes 0, counted in Counts.bad_scale (this wrapper reads the counts
+        back to return them, which waits for the GPU; the C call does not). With the scales quantize() returns, the codes are
         quantize()'s.
     The other arguments are quantize()'s (there is no `scale`: the scales are given)."""
     a = _arg(x, "x", "float")

@@ -103,13 +103,14 @@ import contextlib
 import ctypes
 import functools
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 
 from . import _lib, kernels
 from .client import PRECISIONS, Client
-from .transfer import Transfer
+from .transfer import SCALE_MODES, Transfer
 
 _LOW = ("int8", "fp8_e4m3", "fp8_e5m2", "int4")
 
@@ -431,6 +432,7 @@ class Attachment:
                 self._dst[b] = torch.empty(numels[b], dtype=torch.bfloat16, device=self.device)
         self.applied = ["bf16"] * len(self.blocks)  # the precision each block's weights have now
         self._scale_mode = ("current", 16, 0)  # the transfer's (scale_mode, amax_history_len, scale_margin)
+        self._unknown_mode = None  # the last unknown scale mode warned about
         self.map_version = 0
         self.switches = []  # (step, map_version, precisions) each time the map in use changed
         self.late_switches = 0  # maps first used after a step at or past their effective step
@@ -482,10 +484,19 @@ class Attachment:
         """Gives the transfer engine the job's scale mode when it changed (a Welcome or a
         ConfigUpdate wrote it into the hint table): the images are made again under it."""
         s = self.client.state()
+        if not s["upstream_connected"]:
+            return  # a table not yet published (agent starting again) shows defaults: keep ours
         mode = (s["scale_mode"], s["amax_history_len"], s["scale_margin"])
-        if mode != self._scale_mode:
-            self.transfer.set_scale_mode(*mode)
-            self._scale_mode = mode
+        if mode == self._scale_mode:
+            return
+        if mode[0] not in SCALE_MODES:
+            if mode != self._unknown_mode:
+                self._unknown_mode = mode
+                warnings.warn(f"prism: the job's scale_mode {mode[0]!r} is unknown to this prism.torch; "
+                              f"keeping {self._scale_mode[0]!r}", RuntimeWarning, stacklevel=3)
+            return
+        self.transfer.set_scale_mode(*mode)
+        self._scale_mode = mode
 
     # ---- compute plans ----
 
@@ -696,7 +707,11 @@ class Attachment:
         fmt given: that format; returns {block: error}.
         fmt None: every format prismd wants calibrated (the state's calibration_formats; when it
         lists none, every format of low_formats under "auto", else the job's low precision), all
-        on the same captured inputs, each reported; returns {format: {block: error}}."""
+        on the same captured inputs, each reported; returns {format: {block: error}}.
+        The low weights come through the transfer under the job's scale mode, as training's do:
+        under "delayed" the calibrated weights are one more version in each block's amax history
+        (the same weights as the step's), and each block's last counts are the calibration's
+        until its next prepare, so call it outside begin_step / end_step."""
         state = self.client.state()
         samples = samples or state["calibration_samples"] or 1
         if fmt:

@@ -403,7 +403,7 @@ static void window_push(prism_policy *p, uint32_t slot, double rel, const prism_
     p->und_val[at] = has ? s->underflowed_fraction : 0.0;
 }
 
-/* Lays the windows out again for a new history_window, keeping each block's newest values. */
+/* Frees what config_room_alloc made and apply_pending_config did not take. */
 static void config_room_free(config_room *r)
 {
     free(r->nw);
@@ -444,7 +444,8 @@ static prism_status config_room_alloc(prism_policy *p, config_room *r, prism_err
     return PRISM_OK;
 }
 
-/* The windows moved into the room's arrays, laid out for stride. */
+/* Lays the windows out again for a new history_window in the room's arrays, keeping each block's
+ * newest values. */
 static void relayout_windows(prism_policy *p, size_t stride, config_room *r)
 {
     double *nw = r->nw, *nsv = r->nsv, *nuv = r->nuv;
@@ -862,8 +863,10 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
             int forced = override_of(&p->cfg, r->block_id);
             b->view.forced = forced != 0;
             b->view.candidate = candidate_of(&p->cfg, b);
-            if (forced == 2 && (st = record_change(p, b, b->view.candidate, step, PRISM_REASON_OVERRIDE, err)))
+            if (forced == 2 && (st = record_change(p, b, b->view.candidate, step, PRISM_REASON_OVERRIDE, err))) {
+                config_room_free(&room); /* not reached: the room for changes was made above */
                 return st;
+            }
         }
         if (prism_block_stats_finite(r))
             window_push(p, slot, mean_l2 > 0 ? r->l2_norm / mean_l2 : 0.0, r);
@@ -873,8 +876,10 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
     p->collected++;
     p->has_last_step = true;
     p->last_step = step;
-    if ((st = refresh_order(p, err)))
+    if ((st = refresh_order(p, err))) {
+        config_room_free(&room); /* not reached: refresh_order's scratch was made above */
         return st;
+    }
 
     /* DESIGN 4.7 rule 1: at a scheduled decision the pending config first (the spike test uses
      * it), then the spike test against W, then W, then the rollback and the decision. Off the

@@ -896,7 +896,8 @@ static void numerics_metrics(text *t, const prismd_snapshot *snap)
     static const char *const names[2] = {"prism_saturated_fraction", "prism_underflowed_fraction"};
     static const char *const helps[2] = {
         "Mean over the job's low blocks with figures of each one's saturated fraction (the mean over its window "
-        "of the fraction of elements above the format's largest value); absent when no low block has figures.",
+        "of the fraction of elements whose code the clamp to the format's largest value changed); absent when no "
+        "low block has figures.",
         "Mean over the job's low blocks with figures of each one's underflowed fraction (the mean over its window "
         "of the fraction of non-zero elements quantized to 0); absent when no low block has figures."};
     for (int f = 0; f < 2; f++) {

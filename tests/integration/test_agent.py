@@ -420,7 +420,6 @@ class AgentTest(unittest.TestCase):
                 self.assertTrue(torch.equal(p.detach(), m))
         pt.close()
 
-
     def test_torch_attachment_calibrates_every_wanted_format_on_one_capture(self):
         """Under low_precision auto, calibrate() without a format measures each format prismd
         wants, on one capture, and reports each: the same figures as one call per format; prismd
@@ -468,7 +467,10 @@ class AgentTest(unittest.TestCase):
         showing the fraction the kernels give."""
         import torch
         import prism.torch
-        d = self.prismd(config_values=dict(CONFIG, scale_mode="static", run_calibration=False))
+        # A long cooldown: the block's first assignment (low) is exempt, the saturation rule ignores
+        # it, and it keeps the score rule from moving the block low again right after.
+        d = self.prismd(config_values=dict(CONFIG, scale_mode="static", run_calibration=False,
+                                           min_steps_between_switches=1000))
         self.agent(d.grpc)
         torch.manual_seed(1)
         blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
@@ -522,6 +524,7 @@ class AgentTest(unittest.TestCase):
         self.assertIn(want, seen)
         self.assertEqual([f for f in seen if f != want and f[0] != 0.0], [])
         pt.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -427,8 +427,9 @@ static void test_spike_on_a_scheduled_step_rolls_back_inside_the_decision(void)
 }
 
 /* Decisions at n = 1, 5, 9, 13; factor 2, window 4, hold 0, no cooldown. Block 0: bf16 at 1
- * (score 0.625), low by score at 5 (0.0625: below 0.25 - 0.125). `spike_at` is 6 (off the schedule) or 9 (a decision);
- * at it the loss is 3 (W [1, 1, 1, 1]) and block 0's statistics are non-finite. */
+ * (score 0.625), low by score at 5 (0.0625: below 0.25 - 0.125). `spike_at` is 6 (off the
+ * schedule) or 9 (a decision); at it the loss is 3 (W [1, 1, 1, 1]) and block 0's statistics
+ * are non-finite. */
 static const char *const NF_SPIKE =
     "{\"bf16_threshold\": 0.5, \"int8_threshold\": 0.25, \"hysteresis_margin\": 0.125,"
     " \"grad_sensitivity_threshold\": 2.0, \"warmup_steps\": 1, \"update_interval_steps\": 4,"
@@ -1070,7 +1071,8 @@ static void test_save_and_restore_keep_w_holds_counters_and_saturation_figures(v
 
 static const prism_test_case cases[] = {
     {"test_spike_detection_uses_the_median_of_the_full_window", test_spike_detection_uses_the_median_of_the_full_window},
-    {"test_spike_median_matches_a_sorted_copy_over_many_steps", test_spike_median_matches_a_sorted_copy_over_many_steps},
+    {"test_spike_median_matches_a_sorted_copy_over_many_steps",
+     test_spike_median_matches_a_sorted_copy_over_many_steps},
     {"test_w_is_kept_with_factor_zero_and_a_new_factor_waits_for_the_decision",
      test_w_is_kept_with_factor_zero_and_a_new_factor_waits_for_the_decision},
     {"test_a_new_loss_spike_window_keeps_the_newest_losses", test_a_new_loss_spike_window_keeps_the_newest_losses},
