@@ -416,7 +416,6 @@ static void test_refuses_what_the_cpu_refuses_with_its_message(void)
                         prism_quantize_counted_cuda(&ok, &t, codes, NULL, &k, NULL, err));
 }
 
-/* Scales that are not finite and > 0 are named by group, on device memory. */
 /* Bad scales in device memory: the host never reads them (no wait on the stream). A group whose
  * scale is 0, negative, NaN or Inf gets code 0 for every element and is counted in bad_scale, its
  * elements in neither saturated nor underflowed (a NaN element still in nonfinite); the other
@@ -465,6 +464,55 @@ static void test_bad_device_scales_are_code_zero_and_counted(void)
     cudaFree(dcounts);
 }
 
+/* Bad scales over many CTAs, INT4 packing and groups of 3 that cross the 16-element chunks of the
+ * kernel's threads: 10000 elements (3334 groups, the last of one element), scale 1 everywhere but
+ * groups 5 (elements 15-17, across the chunk boundary at 16), 1000, 2133 (6399-6401, across 6400)
+ * and 3333 (the last). Values -3 .. 3: a good group's codes are its values; a bad one's nibbles
+ * are 0; bad_scale counts each bad group once; the CPU's codes under scale 1 everywhere agree on
+ * every other element. */
+static void test_bad_device_scales_across_chunks_and_ctas(void)
+{
+    if (skip_without_device())
+        return;
+    enum { N = 10000, GROUP = 3, GROUPS = (N + GROUP - 1) / GROUP };
+    static float x[N], scales[GROUPS], ones[GROUPS];
+    static uint8_t want[N / 2], got[N / 2];
+    static const size_t bad[] = {5, 1000, 2133, 3333};
+    for (size_t i = 0; i < N; i++)
+        x[i] = (float)((int)(i % 7) - 3);
+    for (size_t g = 0; g < GROUPS; g++)
+        scales[g] = ones[g] = 1.0f;
+    for (size_t k = 0; k < COUNT(bad); k++)
+        scales[bad[k]] = k % 2 ? -0.0f : NAN;
+    prism_quant_spec spec = {.format = PRISM_PRECISION_INT4, .granularity = PRISM_GRANULARITY_BLOCK, .group = GROUP};
+    prism_tensor t = {x, N, PRISM_DTYPE_F32};
+    prism_error err = {0};
+    CU_ASSERT_EQUAL_FATAL(prism_quantize_scaled_cpu(&spec, &t, ones, want, NULL, NULL, &err), PRISM_OK);
+    for (size_t k = 0; k < COUNT(bad); k++)
+        for (size_t i = bad[k] * GROUP; i < N && i < (bad[k] + 1) * GROUP; i++)
+            want[i / 2] &= (uint8_t)(i % 2 ? 0x0f : 0xf0); /* that element's nibble 0 */
+    float *dx = dev_upload(x, sizeof x, 0), *ds = dev_upload(scales, sizeof scales, 0);
+    uint8_t *dcodes = dev_alloc(sizeof got);
+    prism_quant_counts *dcounts = dev_alloc(sizeof *dcounts);
+    prism_tensor gt = {dx, N, PRISM_DTYPE_F32};
+    CU_ASSERT_EQUAL_FATAL(prism_quantize_scaled_cuda(&spec, &gt, ds, dcodes, NULL, dcounts,
+                                                     (prism_cuda_stream)test_stream(), &err),
+                          PRISM_OK);
+    dev_sync();
+    prism_quant_counts counts;
+    dev_download(got, dcodes, sizeof got);
+    dev_download(&counts, dcounts, sizeof counts);
+    CU_ASSERT(memcmp(got, want, sizeof got) == 0);
+    CU_ASSERT_EQUAL(counts.bad_scale, COUNT(bad));
+    CU_ASSERT_EQUAL(counts.saturated, 0);
+    CU_ASSERT_EQUAL(counts.underflowed, 0);
+    CU_ASSERT_EQUAL(counts.nonfinite, 0);
+    cudaFree(dx);
+    cudaFree(ds);
+    cudaFree(dcodes);
+    cudaFree(dcounts);
+}
+
 static void test_empty_calls_succeed_without_gpu_work(void)
 {
     prism_error err = {0};
@@ -478,6 +526,7 @@ static const prism_test_case cases[] = {
     {"test_refuses_what_the_cpu_refuses_with_its_message", test_refuses_what_the_cpu_refuses_with_its_message},
     {"test_empty_calls_succeed_without_gpu_work", test_empty_calls_succeed_without_gpu_work},
     {"test_bad_device_scales_are_code_zero_and_counted", test_bad_device_scales_are_code_zero_and_counted},
+    {"test_bad_device_scales_across_chunks_and_ctas", test_bad_device_scales_across_chunks_and_ctas},
     {"test_boundaries_count_as_on_the_cpu", test_boundaries_count_as_on_the_cpu},
     {"test_scaled_and_counted_nearest_match_cpu_bit_for_bit",
      test_scaled_and_counted_nearest_match_cpu_bit_for_bit},
