@@ -84,8 +84,8 @@ static void poll(prism_client *c, void *state)
     }
     prism_error err;
     /* Counted by the report itself when it cannot go out. */
-    prism_client_report_step_ex(c, r->step, r->has_loss ? &r->loss : NULL, r->ids, r->host, r->has_frac ? r->frac : NULL,
-                                r->n, &err);
+    prism_client_report_step_ex(c, r->step, r->has_loss ? &r->loss : NULL, r->ids, r->host,
+                                r->has_frac ? r->frac : NULL, r->n, &err);
 }
 
 static prism_status reserve(cuda_reports *r, size_t blocks, int device, prism_error *err)
@@ -99,7 +99,7 @@ static prism_status reserve(cuda_reports *r, size_t blocks, int device, prism_er
     PRISM_CUDA_CHECK(cudaMallocHost((void **)&r->host, cap * sizeof *r->host));
     PRISM_CUDA_CHECK(cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming));
     if (!(r->ids = malloc(cap * sizeof *r->ids)) || !(r->frac = malloc(cap * sizeof *r->frac)))
-        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory for %zu block ids", cap);
+        return prism_error_set(err, PRISM_ERR_NOMEM, "out of memory for %zu block ids and fractions", cap);
     r->cap = cap;
     return PRISM_OK;
 }

@@ -704,6 +704,69 @@ static void test_step_report_from_cuda_tensors_goes_out_at_a_later_call(void)
     close(lfd);
 }
 
+/* prism_client_report_step_cuda_ex: the fractions are checked at the call (one out of [0, 1] is
+ * refused, nothing queued) and copied (the caller's array overwritten after the call changes
+ * nothing); they go out with the report: block 3's pair, block 1 none (NaN). */
+static void test_step_report_from_cuda_tensors_carries_fractions(void)
+{
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        cudaGetLastError();
+        printf("(no CUDA device: this case checks nothing here) ");
+        return;
+    }
+    const char *dir = test_dir();
+    int lfd = agent_listen(dir);
+    prism_client *c = open_client(dir, 1000);
+    register_ok(c);
+    int fd = agent_accept(lfd, 2000);
+    CU_ASSERT_FATAL(fd >= 0);
+    expect_hello(fd);
+    static float host[2000];
+    for (int i = 0; i < 2000; i++)
+        host[i] = (float)(i % 13) - 6.0f;
+    float *dev = NULL;
+    CU_ASSERT_EQUAL_FATAL(cudaMalloc((void **)&dev, sizeof host), cudaSuccess);
+    CU_ASSERT_EQUAL_FATAL(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice), cudaSuccess);
+    const prism_tensor dt[2] = {{dev, 1000, PRISM_DTYPE_F32}, {dev + 1000, 1000, PRISM_DTYPE_F32}};
+    const size_t starts[3] = {0, 1, 2};
+    const uint32_t ids[2] = {3, 1};
+    cudaStream_t stream;
+    CU_ASSERT_EQUAL_FATAL(cudaStreamCreate(&stream), cudaSuccess);
+    prism_error err;
+    prism_block_fractions frac[2] = {{0.25, 1.5}, {NAN, NAN}};
+    CU_ASSERT_EQUAL(prism_client_report_step_cuda_ex(c, 6, NULL, dt, starts, ids, frac, 2, stream, &err),
+                    PRISM_ERR_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "fractions[0].underflowed"));
+    frac[0].underflowed = 0.5;
+    CU_ASSERT_EQUAL_FATAL(prism_client_report_step_cuda_ex(c, 7, NULL, dt, starts, ids, frac, 2, stream, &err),
+                          PRISM_OK);
+    frac[0].saturated = frac[0].underflowed = 0.0; /* copied at the call: this changes nothing */
+    CU_ASSERT_EQUAL_FATAL(cudaStreamSynchronize(stream), cudaSuccess);
+    prism_client_begin_step(c, 8);
+    Prism__V1__AgentMessage *m = agent_read(fd, 2000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    const Prism__V1__StepReport *r = m->step_report;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+    CU_ASSERT_EQUAL(r->step, 7);
+    CU_ASSERT_EQUAL_FATAL(r->n_blocks, 2);
+    CU_ASSERT_EQUAL(r->blocks[0]->block_id, 3);
+    CU_ASSERT_EQUAL(r->blocks[0]->optional_saturated_fraction_case,
+                    PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION_SATURATED_FRACTION);
+    CU_ASSERT_EQUAL(r->blocks[0]->saturated_fraction, 0.25);
+    CU_ASSERT_EQUAL(r->blocks[0]->underflowed_fraction, 0.5);
+    CU_ASSERT_EQUAL(r->blocks[1]->block_id, 1);
+    CU_ASSERT_EQUAL(r->blocks[1]->optional_saturated_fraction_case,
+                    PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION__NOT_SET);
+    agent_free(m);
+    CU_ASSERT_EQUAL(counters(c).reports_sent, 1);
+    cudaStreamDestroy(stream);
+    cudaFree(dev);
+    prism_client_close(c);
+    close(fd);
+    close(lfd);
+}
+
 #ifdef PRISM_CUDAEMU
 /* The paths real GPUs take only by chance: a report whose statistics the GPU has not finished is
  * not sent by a later call (cudaEventQuery says not ready), a second report meanwhile is dropped
@@ -1274,6 +1337,7 @@ static const prism_test_case cases[] = {
     {"test_step_report_carries_the_cpu_kernel_statistics", test_step_report_carries_the_cpu_kernel_statistics},
 #ifdef PRISM_TEST_CUDA
     {"test_step_report_from_cuda_tensors_goes_out_at_a_later_call", test_step_report_from_cuda_tensors_goes_out_at_a_later_call},
+    {"test_step_report_from_cuda_tensors_carries_fractions", test_step_report_from_cuda_tensors_carries_fractions},
 #endif
 #ifdef PRISM_CUDAEMU
     {"test_step_report_waits_for_a_gpu_that_is_behind", test_step_report_waits_for_a_gpu_that_is_behind},
