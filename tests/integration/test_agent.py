@@ -526,5 +526,71 @@ class AgentTest(unittest.TestCase):
         pt.close()
 
 
+    def test_torch_ranks_roll_back_together_at_a_loss_spike(self):
+        """Two torch ranks (an Attachment and an agent each) on one job: block 1 goes low by score
+        at step 37; at step 46 both report a loss 5 times W's median; prismd rolls block 1 back to
+        bf16 (reason loss_spike, a decision of its own) and both ranks switch at its effective
+        step, with the same map, and the same switches before it."""
+        import torch
+        import prism.torch
+        d = self.prismd(config_values=dict(CONFIG, loss_spike_factor=2, loss_spike_window=40,
+                                           loss_spike_hold_steps=1000, run_calibration=False))
+        agents = [self.agent(d.grpc, name=f"agent{r}", shared=f"shared{r}") for r in range(2)]
+        torch.manual_seed(2)
+        models = [torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3)) for _ in range(2)]
+        models[1].load_state_dict(models[0].state_dict())
+        pts = [prism.torch.attach(models[r], job_id="t4", rank=r, world_size=2,
+                                  dir=os.path.join(self.dir, f"shared{r}"), model_id="t4", reconnect_interval_ms=50)
+               for r in range(2)]
+        x = torch.randn(4, 16)
+
+        def step(n, loss, small):
+            for r, pt in enumerate(pts):
+                pt.begin_step(n)
+                blocks = models[r]
+                # Block 1's gradients 100x the others' (bf16), or 10^-4 times (low by score).
+                (blocks[0](x).sum() + (1e-4 if small else 100.0) * blocks[1](x).sum() + blocks[2](x).sum()).backward()
+                pt.end_step(n, loss=loss)
+                for p in blocks.parameters():
+                    p.grad = None
+
+        def block1():
+            doc = json.loads(http_get(d.http, "/v1/jobs/t4/blocks")[1])
+            return [b for b in doc["blocks"] if b["id"] == 1]
+
+        def job():
+            return [j for j in json.loads(http_get(d.http, "/v1/jobs")[1])["jobs"] if j["job_id"] == "t4"][0]
+
+        def tables_have(version):
+            for a in agents:
+                wait_for("the map in the agent's table",
+                         lambda a=a: (self.metric(a, "prism_agent_map_version") or 0) >= version or None)
+
+        for n in range(36):
+            step(n, 1.0, False)
+        for n in (36, 37):
+            step(n, 1.0, True)
+        wait_for("block 1 low", lambda: [b["precision"] for b in block1()] == ["int8"] or None)
+        low = job()
+        self.assertEqual(low["decided_step"], 37)
+        tables_have(low["map_version"])
+        for n in range(38, 46):  # W: the 40 losses of steps 6 to 45
+            step(n, 1.0, True)
+        self.assertEqual([pt.precisions()[1] for pt in pts], ["int8", "int8"])
+        step(46, 5.0, True)
+        wait_for("the rollback", lambda: [b["reason"] for b in block1()] == ["loss_spike"] or None)
+        back = job()
+        self.assertEqual((back["decided_step"], back["effective_step"]), (46, 46 + CONFIG["apply_lag_steps"]))
+        tables_have(back["map_version"])
+        for n in range(47, back["effective_step"] + 2):
+            step(n, 1.0, True)
+        for pt in pts:
+            self.assertEqual(pt.switches[-1][:2], (back["effective_step"], back["map_version"]))
+            self.assertEqual(pt.switches[-1][2][1], "bf16")
+            self.assertEqual(pt.late_switches, 0)
+        self.assertEqual(pts[0].switches, pts[1].switches)
+        for pt in pts:
+            pt.close()
+
 if __name__ == "__main__":
     unittest.main()
