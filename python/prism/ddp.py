@@ -71,7 +71,6 @@ WIRES = ("int8", "fp8_e4m3", "fp8_e5m2", "int4")
 OPS = ("sum", "avg")
 SCALES = ("fp32", "pow2")  # quantized_allreduce's own scales (prism_coll_spec.scale_mode)
 SCALE_MODES = ("current", "pow2", "delayed", "static")  # the job's config key scale_mode (DESIGN 4.7)
-_SCALE_MODE_CODE = {m: i for i, m in enumerate(SCALE_MODES)}
 _QMAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int4": 7.0}
 _SMALLEST = float(np.float32(2.0 ** -149))
 ROW_WIDTH_DEFAULT = 256
@@ -266,8 +265,9 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
 
     Returns {"bytes_sent": payload bytes this rank sent (headers not counted), "bf16_bytes": what
     a BF16 ring all-reduce of the same elements sends, "nonfinite": NaN/Inf inputs of all ranks
-    (sent as 0), "saturated": elements this rank's quantizations under given scales clamped}. ValueError names the argument at fault; a mismatch between ranks raises
-    ValueError on every rank."""
+    (sent as 0), "saturated": elements this rank's quantizations under given scales clamped}.
+    ValueError names the argument at fault; a mismatch between ranks raises ValueError on every
+    rank (ScaleModeMismatch, a ValueError, when only `scale` differs).
     _check_wire(wire)
     _check_op(op)
     _check_scale(scale)
