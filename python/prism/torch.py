@@ -484,7 +484,7 @@ class Attachment:
         """Gives the transfer engine the job's scale mode when it changed (a Welcome or a
         ConfigUpdate wrote it into the hint table): the images are made again under it."""
         s = self.client.state()
-        if not s["upstream_connected"]:
+        if "scale_mode" not in s or not s.get("upstream_connected"):
             return  # a table not yet published (agent starting again) shows defaults: keep ours
         mode = (s["scale_mode"], s["amax_history_len"], s["scale_margin"])
         if mode == self._scale_mode:
@@ -676,8 +676,10 @@ class Attachment:
             self._weight_stats()
         elif self._pending:
             self._collect_stats()
+        # fractions only when some block has them: a client written for the older report_step works on
+        extra = {"fractions": fractions} if fractions is not None else {}
         return self.client.report_step(step, [[g.detach().contiguous() for g in block] for block in grads],
-                                       loss=loss, fractions=fractions)
+                                       loss=loss, **extra)
 
     def _fractions(self):
         """Each block's (saturated, underflowed) fractions of this step: what the transfer's

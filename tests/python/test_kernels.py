@@ -56,13 +56,14 @@ class StructLayout(unittest.TestCase):
                    "prism_block_tensor_stats": client.BlockTensorStats, "prism_client_plan": client.ClientPlan,
                    "prism_transfer_options": transfer.TransferOptions, "prism_transfer_ticket": transfer.Ticket,
                    "prism_transfer_counters": transfer.TransferCounters,
-                   "prism_block_fractions": client.BlockFractions}
+                   "prism_block_fractions": client.BlockFractions, "prism_quant_counts": _lib.QuantCounts}
         offsets = re.findall(r"offsetof\((prism_\w+), (\w+)\) == (\d+)", text)
         sizes = re.findall(r"sizeof\((prism_\w+)\) == (\d+)", text)
         # every field of the four kernel structs, the client's (its counters by size: 19 u64) and
         # transfer's (options 9 and counters 12 with the scale modes)
-        # (prism_client_state: 13, and 8 for its numerics fields; prism_block_fractions: 2)
-        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 7 + 4 + 7 + 13 + 8 + 8 + 9 + 2 + 12 + 8 + 2)
+        # (prism_client_state: 13, and 8 for its numerics fields; prism_block_fractions: 2;
+        # prism_quant_counts: 4)
+        self.assertEqual(len(offsets), 2 + 3 + 6 + 6 + 7 + 3 + 7 + 4 + 7 + 13 + 8 + 8 + 9 + 2 + 12 + 8 + 2 + 4)
         self.assertEqual(len(client.ClientCounters._fields_), 19)
         for struct, field, offset in offsets:
             self.assertEqual(getattr(structs[struct], field).offset, int(offset), (struct, field))

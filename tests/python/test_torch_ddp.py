@@ -218,7 +218,7 @@ class MapClient:
         return {"effective_step": 0, "calibration_needed": False, "run_calibration": False,
                 "calibration_samples": 1, "low_precision": "int8", "connected": False}
 
-    def report_step(self, step, grads, loss=None):
+    def report_step(self, step, grads, loss=None, fractions=None):
         return True
 
     def counters(self):

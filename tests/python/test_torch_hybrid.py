@@ -138,7 +138,7 @@ class RecordingClient:
     def stage_tensor_stats(self, entries):
         self.staged.append((self.step, [dict(e) for e in entries]))
 
-    def report_step(self, step, blocks, loss=None):
+    def report_step(self, step, blocks, loss=None, fractions=None):
         self.reports.append(step)
         return True
 
