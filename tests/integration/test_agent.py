@@ -527,13 +527,13 @@ class AgentTest(unittest.TestCase):
 
 
     def test_torch_ranks_roll_back_together_at_a_loss_spike(self):
-        """Two torch ranks (an Attachment and an agent each) on one job: block 1 goes low by score
-        at step 37; at step 46 both report a loss 5 times W's median; prismd rolls block 1 back to
-        bf16 (reason loss_spike, a decision of its own) and both ranks switch at its effective
-        step, with the same map, and the same switches before it."""
+        """Two torch ranks (an Attachment and an agent each) on one job: block 1 goes low at the
+        first decision (step 1); at step 8 both report a loss 5 times W's median; prismd rolls
+        block 1 back to bf16 (reason loss_spike, a decision of its own) and both ranks switch at
+        its effective step, with the same map, and the same switches before it."""
         import torch
         import prism.torch
-        d = self.prismd(config_values=dict(CONFIG, loss_spike_factor=2, loss_spike_window=40,
+        d = self.prismd(config_values=dict(CONFIG, loss_spike_factor=2, loss_spike_window=8,
                                            loss_spike_hold_steps=1000, run_calibration=False))
         agents = [self.agent(d.grpc, name=f"agent{r}", shared=f"shared{r}") for r in range(2)]
         torch.manual_seed(2)
@@ -566,23 +566,21 @@ class AgentTest(unittest.TestCase):
                 wait_for("the map in the agent's table",
                          lambda a=a: (self.metric(a, "prism_agent_map_version") or 0) >= version or None)
 
-        for n in range(36):
-            step(n, 1.0, False)
-        for n in (36, 37):
+        for n in (0, 1):  # the first decision (n = 2, step 1) puts block 1 low
             step(n, 1.0, True)
         wait_for("block 1 low", lambda: [b["precision"] for b in block1()] == ["int8"] or None)
         low = job()
-        self.assertEqual(low["decided_step"], 37)
+        self.assertEqual(low["decided_step"], 1)
         tables_have(low["map_version"])
-        for n in range(38, 46):  # W: the 40 losses of steps 6 to 45
+        for n in range(2, 8):  # W: the 8 losses of steps 0 to 7
             step(n, 1.0, True)
         self.assertEqual([pt.precisions()[1] for pt in pts], ["int8", "int8"])
-        step(46, 5.0, True)
+        step(8, 5.0, True)  # n = 9: off the schedule; 8 - 1 <= 8
         wait_for("the rollback", lambda: [b["reason"] for b in block1()] == ["loss_spike"] or None)
         back = job()
-        self.assertEqual((back["decided_step"], back["effective_step"]), (46, 46 + CONFIG["apply_lag_steps"]))
+        self.assertEqual((back["decided_step"], back["effective_step"]), (8, 8 + CONFIG["apply_lag_steps"]))
         tables_have(back["map_version"])
-        for n in range(47, back["effective_step"] + 2):
+        for n in range(9, back["effective_step"] + 2):
             step(n, 1.0, True)
         for pt in pts:
             self.assertEqual(pt.switches[-1][:2], (back["effective_step"], back["map_version"]))
