@@ -543,6 +543,12 @@ class AgentTest(unittest.TestCase):
                                   dir=os.path.join(self.dir, f"shared{r}"), model_id="t4", reconnect_interval_ms=50)
                for r in range(2)]
         x = torch.randn(4, 16)
+        # Every step below must reach prismd: both ranks registered through connected agents first.
+        def connected(pt):
+            pt.client.begin_step(0)  # the client's state is that of its last begin_step
+            s = pt.client.state()
+            return s["registered"] and s["upstream_connected"]
+        wait_for("both ranks registered upstream", lambda: all([connected(pt) for pt in pts]) or None)
 
         def step(n, loss, small):
             for r, pt in enumerate(pts):
@@ -550,7 +556,7 @@ class AgentTest(unittest.TestCase):
                 blocks = models[r]
                 # Block 1's gradients 100x the others' (bf16), or 10^-4 times (low by score).
                 (blocks[0](x).sum() + (1e-4 if small else 100.0) * blocks[1](x).sum() + blocks[2](x).sum()).backward()
-                pt.end_step(n, loss=loss)
+                self.assertTrue(pt.end_step(n, loss=loss), f"rank {r} step {n} dropped")
                 for p in blocks.parameters():
                     p.grad = None
 
