@@ -267,7 +267,8 @@ def quantized_allreduce(tensors, wire, op="avg", row_width=None, process_group=N
     a BF16 ring all-reduce of the same elements sends, "nonfinite": NaN/Inf inputs of all ranks
     (sent as 0), "saturated": elements this rank's quantizations under given scales clamped}.
     ValueError names the argument at fault; a mismatch between ranks raises ValueError on every
-    rank (ScaleModeMismatch, a ValueError, when only `scale` differs)."""
+    rank (ScaleModeMismatch, a ValueError, when `scale` is the first field found to differ: the
+    call, wire and op agree)."""
     _check_wire(wire)
     _check_op(op)
     _check_scale(scale)

@@ -676,7 +676,8 @@ class Attachment:
             self._weight_stats()
         elif self._pending:
             self._collect_stats()
-        # fractions only when some block has them: a client written for the older report_step works on
+        # fractions only when some block has them: a client written for the older report_step
+        # works on while no block is low
         extra = {"fractions": fractions} if fractions is not None else {}
         return self.client.report_step(step, [[g.detach().contiguous() for g in block] for block in grads],
                                        loss=loss, **extra)

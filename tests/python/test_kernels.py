@@ -59,7 +59,7 @@ class StructLayout(unittest.TestCase):
                    "prism_block_fractions": client.BlockFractions, "prism_quant_counts": _lib.QuantCounts}
         offsets = re.findall(r"offsetof\((prism_\w+), (\w+)\) == (\d+)", text)
         sizes = re.findall(r"sizeof\((prism_\w+)\) == (\d+)", text)
-        # every field of the four kernel structs, the client's (its counters by size: 19 u64) and
+        # every field of the five kernel structs, the client's (its counters by size: 19 u64) and
         # transfer's (options 9 and counters 12 with the scale modes)
         # (prism_client_state: 13, and 8 for its numerics fields; prism_block_fractions: 2;
         # prism_quant_counts: 4)

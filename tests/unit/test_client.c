@@ -737,7 +737,8 @@ static void test_step_report_from_cuda_tensors_carries_fractions(void)
     prism_block_fractions frac[2] = {{0.25, 1.5}, {NAN, NAN}};
     CU_ASSERT_EQUAL(prism_client_report_step_cuda_ex(c, 6, NULL, dt, starts, ids, frac, 2, stream, &err),
                     PRISM_ERR_INVALID);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "fractions[0].underflowed"));
+    CU_ASSERT_STRING_EQUAL(err.message, "fractions[0].underflowed (block 3): 1.5 is not a fraction in [0, 1]");
+    CU_ASSERT_EQUAL(counters(c).invalid_calls, 1);
     frac[0].underflowed = 0.5;
     CU_ASSERT_EQUAL_FATAL(prism_client_report_step_cuda_ex(c, 7, NULL, dt, starts, ids, frac, 2, stream, &err),
                           PRISM_OK);
@@ -754,12 +755,18 @@ static void test_step_report_from_cuda_tensors_carries_fractions(void)
     CU_ASSERT_EQUAL(r->blocks[0]->optional_saturated_fraction_case,
                     PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION_SATURATED_FRACTION);
     CU_ASSERT_EQUAL(r->blocks[0]->saturated_fraction, 0.25);
+    CU_ASSERT_EQUAL(r->blocks[0]->optional_underflowed_fraction_case,
+                    PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION_UNDERFLOWED_FRACTION);
     CU_ASSERT_EQUAL(r->blocks[0]->underflowed_fraction, 0.5);
     CU_ASSERT_EQUAL(r->blocks[1]->block_id, 1);
     CU_ASSERT_EQUAL(r->blocks[1]->optional_saturated_fraction_case,
                     PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_SATURATED_FRACTION__NOT_SET);
+    CU_ASSERT_EQUAL(r->blocks[1]->optional_underflowed_fraction_case,
+                    PRISM__V1__BLOCK_GRAD_STATS__OPTIONAL_UNDERFLOWED_FRACTION__NOT_SET);
     agent_free(m);
     CU_ASSERT_EQUAL(counters(c).reports_sent, 1);
+    CU_ASSERT_EQUAL(counters(c).reports_dropped, 0);
+    CU_ASSERT_EQUAL(counters(c).invalid_calls, 1);
     cudaStreamDestroy(stream);
     cudaFree(dev);
     prism_client_close(c);

@@ -466,10 +466,11 @@ static void test_bad_device_scales_are_code_zero_and_counted(void)
 
 /* Bad scales over many CTAs, INT4 packing and groups of 3 that cross the 16-element chunks of the
  * kernel's threads: 10000 elements (3334 groups, the last of one element), scale 1 everywhere but
- * groups 5 (elements 15-17, across the chunk boundary at 16), 1000, 2133 (6399-6401, across 6400)
- * and 3333 (the last). Values -3 .. 3: a good group's codes are its values; a bad one's nibbles
- * are 0; bad_scale counts each bad group once; the CPU's codes under scale 1 everywhere agree on
- * every other element. */
+ * groups 5 (elements 15-17, across the chunk boundary at 16), 1000, 1365 (4095-4097, across the
+ * first CTA's end at 4096), 2133 (6399-6401, across 6400) and 3333 (the last). Values -2 .. 4, so
+ * that every bad group, the last included, has an element whose good code is not 0: a good
+ * group's codes are its values; a bad one's nibbles are 0; bad_scale counts each bad group once;
+ * the CPU's codes under scale 1 everywhere agree on every other element. */
 static void test_bad_device_scales_across_chunks_and_ctas(void)
 {
     if (skip_without_device())
@@ -477,9 +478,9 @@ static void test_bad_device_scales_across_chunks_and_ctas(void)
     enum { N = 10000, GROUP = 3, GROUPS = (N + GROUP - 1) / GROUP };
     static float x[N], scales[GROUPS], ones[GROUPS];
     static uint8_t want[N / 2], got[N / 2];
-    static const size_t bad[] = {5, 1000, 2133, 3333};
+    static const size_t bad[] = {5, 1000, 1365, 2133, 3333};
     for (size_t i = 0; i < N; i++)
-        x[i] = (float)((int)(i % 7) - 3);
+        x[i] = (float)((int)(i % 7) - 2);
     for (size_t g = 0; g < GROUPS; g++)
         scales[g] = ones[g] = 1.0f;
     for (size_t k = 0; k < COUNT(bad); k++)
