@@ -438,11 +438,15 @@ def load_results(path, key, fresh):
     with open(path) as f:
         old = json.load(f)
     if old.get("settings") != key:
-        theirs = old.get("settings") or {}
-        differ = sorted(k for k in set(theirs) | set(key) if theirs.get(k) != key.get(k))
+        differ = settings_differ(old.get("settings") or {}, key)
         sys.exit(f"run.py: {path} holds results made with other settings (they differ in: {', '.join(differ)}); "
                  "use another --out, or --fresh to replace them")
     return old.get("configs", {})
+
+
+def settings_differ(theirs, key, ignore=()):
+    """The names of the settings in which theirs and key differ, sorted, less those in ignore."""
+    return sorted(k for k in set(theirs) | set(key) if k not in ignore and theirs.get(k) != key.get(k))
 
 
 def first_low_step(result):
@@ -566,6 +570,8 @@ def main(argv=None):
         if statics and "prism-int8" not in results and "prism-int8" not in args.names and args.static_low is None:
             sys.exit(f"run.py: {statics[0]} puts as many blocks low as prism-int8 ended with, and {results_path} "
                      "has no prism-int8 result: add prism-int8 to --configs, or give --static-low N")
+    # The replicates are read (and a bad --replicate refused) before anything runs.
+    reps = replicates(args.replicate, key, old)
     old_sweep = old.get("sweep") if old else None
     failures = []
     ran = []  # the configurations run now
@@ -603,7 +609,7 @@ def main(argv=None):
             print(f"run.py: {name}: held-out loss {r['held_out_loss']:.4f}, low share {100 * r['low_share']:.1f}%, "
                   f"{r['step_seconds']:.3f} s/step, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             drop_stale_statics(results)
-            write_results(results_path, key, last_evals, results, reps=old.get("replicates") if old else None)
+            write_results(results_path, key, last_evals, results, reps=reps)
     if not args.report_only:
         drop_stale_statics(results)
     swept, why = sweep(args, results)
@@ -612,7 +618,6 @@ def main(argv=None):
     if swept is None:
         print(f"run.py: no sweep: {why}", file=sys.stderr)
     # A run that ran nothing keeps the date and machine of the results it rewrites.
-    reps = replicates(args.replicate, key, old)
     doc = write_results(results_path, key, last_evals, results, swept, why, None if ran else old, reps)
     report.write(args.out, doc, args.readme)
     if failures:
@@ -639,7 +644,7 @@ def replicates(dirs, key, old):
             sys.exit(f"run.py: --replicate {d}: no {path}")
         other = previous_doc(path)
         theirs = other.get("settings") or {}
-        differ = sorted(k for k in set(theirs) | set(key) if k != "seed" and theirs.get(k) != key.get(k))
+        differ = settings_differ(theirs, key, ignore=("seed",))
         if differ:
             sys.exit(f"run.py: --replicate {d}: made with other settings (they differ in: {', '.join(differ)})")
         if theirs.get("seed") == key.get("seed"):

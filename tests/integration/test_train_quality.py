@@ -272,7 +272,7 @@ class TrainQualitySmokeTest(unittest.TestCase):
         """run.py --report-only --replicate DIR: another seed's results go into results.json and a
         table by seed (each against its own seed's bf16); they stay when the report is made again
         without --replicate; a DIR of other settings, of the same seed, or without results.json is
-        refused by name, and nothing is written."""
+        refused by name, and nothing is written (by a run that would train, before it trains)."""
         work = tempfile.mkdtemp(prefix="prism-train-quality-rep-")
         try:
             main, other, bad = (os.path.join(work, n) for n in ("main", "seed7", "bad"))
@@ -312,6 +312,17 @@ class TrainQualitySmokeTest(unittest.TestCase):
                 self.assertEqual(proc.returncode, 1, proc.stderr)
                 self.assertEqual(proc.stderr.strip().splitlines()[-1], f"run.py: --replicate {bad}: {message}")
                 self.assertEqual(written(), before)
+            # A run that would train checks --replicate before anything runs: nothing written.
+            with open(os.path.join(bad, "results.json"), "w") as f:
+                json.dump(bad_steps, f)
+            proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--configs", "bf16",
+                                   "--build-dir", BUILD, "--out", main, "--replicate", bad],
+                                  capture_output=True, text=True, timeout=120)
+            self.assertEqual(proc.returncode, 1, proc.stderr)
+            self.assertEqual(proc.stderr.strip().splitlines()[-1],
+                             f"run.py: --replicate {bad}: made with other settings (they differ in: steps)")
+            self.assertEqual(written(), before)
+            self.assertEqual(os.listdir(main), ["results.json"])
 
             proc = make_report("--replicate", other)
             self.assertEqual(proc.returncode, 0, proc.stderr)
