@@ -919,18 +919,51 @@ static void numerics_metrics(text *t, const prismd_snapshot *snap)
     }
 }
 
-/* The per-block family of /metrics: one sample per scored block of every job. */
-static const char block_family_head[] =
-    "# HELP prism_block_sensitivity Sensitivity score s of each scored block at the last decision.\n"
-    "# TYPE prism_block_sensitivity gauge\n";
+/* The per-block families of /metrics, in this order, each a sample per block of every job that
+ * has its figure: the sensitivity of the scored blocks; every block's precision and the reason
+ * of its last change (an info-style 1, so that a switch shows as a new series); the saturated and
+ * underflowed fractions of the blocks that have figures (the means over the window, as REST). */
+enum { BLOCK_SENSITIVITY, BLOCK_PRECISION, BLOCK_SATURATED, BLOCK_UNDERFLOWED, BLOCK_FAMILIES };
 
-/* The sample of block b of job j into out; false when the block has no score (or out is short). */
-static bool block_sample(char *out, size_t len, const prismd_snap_job *j, size_t b)
+static const char *const block_family_heads[BLOCK_FAMILIES] = {
+    "# HELP prism_block_sensitivity Sensitivity score s of each scored block at the last decision.\n"
+    "# TYPE prism_block_sensitivity gauge\n",
+    "# HELP prism_block_precision 1 for each block's precision now and the reason of its last change.\n"
+    "# TYPE prism_block_precision gauge\n",
+    "# HELP prism_block_saturated_fraction Each block's saturated fraction, the mean over its window of the steps "
+    "that reported one (no sample without).\n"
+    "# TYPE prism_block_saturated_fraction gauge\n",
+    "# HELP prism_block_underflowed_fraction Each block's underflowed fraction, the mean over its window of the "
+    "steps that reported one (no sample without).\n"
+    "# TYPE prism_block_underflowed_fraction gauge\n",
+};
+
+/* The sample of family f for block b of job j into out; false when the block has no such figure
+ * (or out is short). */
+static bool block_sample(char *out, size_t len, int f, const prismd_snap_job *j, size_t b)
 {
-    if (!j->blocks[b].has_score)
-        return false;
-    int n = snprintf(out, len, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", j->id, j->blocks[b].id,
-                     j->blocks[b].sensitivity);
+    const prism_block_view *v = &j->blocks[b];
+    int n = -1;
+    switch (f) {
+    case BLOCK_SENSITIVITY:
+        if (v->has_score)
+            n = snprintf(out, len, "prism_block_sensitivity{job=\"%s\",block=\"%u\"} %.17g\n", j->id, v->id,
+                         v->sensitivity);
+        break;
+    case BLOCK_PRECISION:
+        n = snprintf(out, len, "prism_block_precision{job=\"%s\",block=\"%u\",precision=\"%s\",reason=\"%s\"} 1\n",
+                     j->id, v->id, prism_precision_name(v->precision), prism_reason_name(v->reason));
+        break;
+    case BLOCK_SATURATED:
+    case BLOCK_UNDERFLOWED:
+        if (v->has_saturation)
+            n = snprintf(out, len, "prism_block_%s_fraction{job=\"%s\",block=\"%u\"} %.17g\n",
+                         f == BLOCK_SATURATED ? "saturated" : "underflowed", j->id, v->id,
+                         f == BLOCK_SATURATED ? v->saturated_fraction : v->underflowed_fraction);
+        break;
+    default:
+        break;
+    }
     return n > 0 && (size_t)n < len;
 }
 
@@ -946,6 +979,7 @@ typedef struct metrics_stream {
     size_t head_len, head_pos;
     const char *pending;        /* text due before the next sample */
     size_t pending_len, pending_pos;
+    int family;                 /* the per-block family being written */
     size_t job, block;          /* the next sample to look at */
     char line[256];
 } metrics_stream;
@@ -964,11 +998,17 @@ static ssize_t metrics_read(void *cls, char *buf, size_t max)
             if (m->block >= j->nblocks) {
                 m->job++;
                 m->block = 0;
-            } else if (block_sample(m->line, sizeof m->line, j, m->block++)) {
+            } else if (block_sample(m->line, sizeof m->line, m->family, j, m->block++)) {
                 m->pending = m->line;
                 m->pending_len = strlen(m->line);
                 m->pending_pos = 0;
             }
+        } else if (m->family + 1 < BLOCK_FAMILIES) {
+            m->family++;
+            m->job = m->block = 0;
+            m->pending = block_family_heads[m->family];
+            m->pending_len = strlen(m->pending);
+            m->pending_pos = 0;
         } else {
             break;
         }
@@ -1017,13 +1057,13 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     size_t all_blocks = 0;
     for (size_t i = 0; i < snap->njobs; i++)
         all_blocks += snap->jobs[i].nblocks;
-    bool stream_blocks = all_blocks > PRISMD_BLOCKS_CACHED_MAX; /* the per-block family goes last, streamed */
-    if (!stream_blocks) {
-        add(&t, "%s", block_family_head);
+    bool stream_blocks = all_blocks > PRISMD_BLOCKS_CACHED_MAX; /* the per-block families go last, streamed */
+    for (int f = 0; !stream_blocks && f < BLOCK_FAMILIES; f++) {
+        add(&t, "%s", block_family_heads[f]);
         for (size_t i = 0; i < snap->njobs; i++)
             for (size_t b = 0; b < snap->jobs[i].nblocks; b++) {
                 char line[256];
-                if (block_sample(line, sizeof line, &snap->jobs[i], b))
+                if (block_sample(line, sizeof line, f, &snap->jobs[i], b))
                     add(&t, "%s", line);
             }
     }
@@ -1197,8 +1237,9 @@ static void get_metrics(const prismd_rest *rest, const prismd_snapshot *snap, pr
     m->snap = (prismd_snapshot *)snap;
     m->head = t.data;
     m->head_len = t.len;
-    m->pending = block_family_head;
-    m->pending_len = strlen(block_family_head);
+    m->family = 0;
+    m->pending = block_family_heads[0];
+    m->pending_len = strlen(m->pending);
     a->read = metrics_read;
     a->done = metrics_done;
     a->stream_cls = m;

@@ -159,6 +159,17 @@ class NumericsSurfacesTest(unittest.TestCase):
         for p, n in BY_PRECISION.items():
             self.assertEqual(m.samples[("prism_blocks", (("job", "job-n"), ("precision", p)))], n)
         self.assertEqual(m.samples[("prism_precision_switches_total", (("job", "job-n"), ("reason", "saturation")))], 1)
+        # Per block: its precision and last reason (a 1 each), and its fractions where it has figures.
+        for name in ("prism_block_precision", "prism_block_saturated_fraction", "prism_block_underflowed_fraction"):
+            self.assertEqual(m.families[name][0], "gauge")
+        self.assertEqual({k[1]: v for k, v in m.samples.items() if k[0] == "prism_block_precision"},
+                         {(("block", str(b["id"])), ("job", "job-n"), ("precision", b["precision"]),
+                           ("reason", b["reason"])): 1 for b in BLOCKS})
+        for name, at in (("prism_block_saturated_fraction", 0), ("prism_block_underflowed_fraction", 1)):
+            self.assertEqual({k[1]: v for k, v in m.samples.items() if k[0] == name},
+                             {(("block", str(b["id"])), ("job", "job-n")): (b["saturated_fraction"],
+                                                                            b["underflowed_fraction"])[at]
+                              for b in BLOCKS if b["saturated_fraction"] is not None})
 
         # prismctl blocks: the reasons (the column widens), SAT and UNDER, blocks per format.
         code, out, err = self.prismctl("blocks", "job-n")

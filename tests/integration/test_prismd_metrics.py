@@ -352,8 +352,11 @@ class PrismdMetricsTest(unittest.TestCase):
                          lambda m: m.value("prism_job_decisions_total", job="big") == 1 and
                          m.has("prism_last_step", job="small") and m.store_writes() == 5)
         families = [line.split()[2] for line in m.text.splitlines() if line.startswith("# TYPE ")]
-        self.assertEqual(families[-1], "prism_block_sensitivity")  # streamed: the per-block family last
+        # streamed: the per-block families last
+        self.assertEqual(families[-4:], ["prism_block_sensitivity", "prism_block_precision",
+                                         "prism_block_saturated_fraction", "prism_block_underflowed_fraction"])
         self.assertEqual(sum(1 for k in m.samples if k[0] == "prism_block_sensitivity"), 5000)
+        self.assertEqual(sum(1 for k in m.samples if k[0] == "prism_block_precision"), 5000 + len(NORMS))
         stamp = m.value("prism_job_last_decision_timestamp_seconds", job="big")
         self.assertEqual(m.job("big"), job_values(1, stamp, not_acked=1))
         self.assertEqual(m.job("small"), job_values())
