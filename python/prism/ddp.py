@@ -418,7 +418,8 @@ class QuantizedAllReduceState:
     amax_history_len calls, times 2**scale_margin: this rank's rows and its slice's rows apart),
     "static" (the scales of the bucket's first call, kept), or "job": the job's scale_mode,
     amax_history_len and scale_margin as `attachment`'s client shows them at each bucket, so a
-    PATCH of the job's config reaches the hook. Every rank still gets the same bits in every mode
+    PATCH of the job's config reaches the hook. None (the default): "job" with an attachment
+    that has a client (a prism.torch.Attachment), else "current". Every rank still gets the same bits in every mode
     (each contribution and slice travels with its scales); ranks that change between pow2 and
     another mode at different steps redo that call with FP32 headers (scale_mismatches). Under
     delayed and static the first call of a bucket runs with current scales.
@@ -434,10 +435,12 @@ class QuantizedAllReduceState:
     this rank's quantizations under delayed or static scales clamped), scale_mismatches."""
 
     def __init__(self, process_group=None, wire="fp8_e4m3", attachment=None, row_width=None, op="avg",
-                 scale_mode="current", amax_history_len=16, scale_margin=0):
+                 scale_mode=None, amax_history_len=16, scale_margin=0):
         self.wire = _check_wire(wire, allow_map=True)
         self.op = _check_op(op)
         self.row_width = _check_row_width(row_width)
+        if scale_mode is None:
+            scale_mode = "job" if attachment is not None and hasattr(attachment, "client") else "current"
         if scale_mode not in SCALE_MODES + ("job",):
             raise ValueError(f"scale_mode: unknown value {scale_mode!r} (known: {', '.join(SCALE_MODES)}, job)")
         if scale_mode == "job" and (attachment is None or not hasattr(attachment, "client")):

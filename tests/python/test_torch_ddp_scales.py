@@ -176,6 +176,15 @@ class OneRank(unittest.TestCase):
                 want, _, _ = by_hand(x, "int4", None, None, scale=scale)
                 self.assertTrue(torch.equal(got.view(torch.int32), want.view(torch.int32)), (mode, k))
 
+    def test_the_default_follows_the_job_with_an_attachment(self):
+        self.assertEqual(pt.QuantizedAllReduceState(wire="int8").scale_mode, "current")
+        self.assertEqual(pt.QuantizedAllReduceState(wire="int8", attachment=JobAttachment()).scale_mode, "job")
+        att = JobAttachment()
+        att.client.mode = {"scale_mode": "pow2", "amax_history_len": 4, "scale_margin": 0}
+        state = pt.QuantizedAllReduceState(wire="int8", row_width=W, attachment=att)
+        x, got = self.run_calls(state, 1)[0]
+        self.assertTrue(torch.equal(got, by_hand(x, "int8", None, None, scale="pow2")[0]))
+
     def test_job_mode_follows_the_attachment_and_starts_histories_afresh(self):
         att = JobAttachment()
         state = pt.QuantizedAllReduceState(wire="int8", row_width=W, scale_mode="job", attachment=att)
