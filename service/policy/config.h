@@ -36,7 +36,7 @@ typedef struct prism_block_list {
 
 /* low_precision "auto" (issue 17): each block's low format is chosen from low_formats. It is a
  * value outside the wire enum prism.v1.Precision: never index an array with it nor send it as a
- * Precision (prism_config_low_formats_last gives one concrete format for consumers that know one). */
+ * Precision (prism_config_low_format gives one concrete format for consumers that know one). */
 #define PRISM_LOW_AUTO ((prism_precision)PRISM_PRECISION_COUNT)
 
 /* low_formats: the allowed low formats, most saving first; 1 to PRISM_LOW_FORMATS_MAX of the
