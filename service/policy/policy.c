@@ -720,7 +720,8 @@ static prism_status refresh_order(prism_policy *p, prism_error *err)
     for (size_t s = 0; s < p->nblocks; s++)
         if (p->blocks[s].reported)
             keyed[n++] = (uint64_t)p->blocks[s].view.id << 32 | s;
-    qsort(keyed, n, sizeof *keyed, compare_u64);
+    if (n > 1) /* keyed is NULL while the policy has no block */
+        qsort(keyed, n, sizeof *keyed, compare_u64);
     for (size_t i = 0; i < n; i++)
         p->order[i] = (uint32_t)keyed[i];
     p->norder = n;

@@ -197,9 +197,11 @@ class TrainQualitySmokeTest(unittest.TestCase):
                 self.assertEqual(r["switches"][-1][1], r["map_version"])
                 self.assertTrue(os.path.exists(os.path.join(self.dir, r["prismd"]["telemetry"])))
                 if r["prism"] == "dynamic":
-                    # prismd asked for calibration (a fresh store), the trainers ran it.
+                    # prismd asked for calibration (a fresh store) of the job's low format, and the
+                    # trainers measured every block in it (errors by format, then block).
                     self.assertIsNotNone(r["calibration"])
-                    self.assertEqual(sorted(r["calibration"]["errors"]), [str(b) for b in range(LAYERS)])
+                    self.assertEqual(list(r["calibration"]["errors"]), [r["low"]])
+                    self.assertEqual(sorted(r["calibration"]["errors"][r["low"]]), [str(b) for b in range(LAYERS)])
                     self.assertGreater(r["low_share"], 0)
 
     def test_static_plans_force_as_many_blocks_as_prism_int8_ended_with(self):

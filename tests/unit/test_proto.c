@@ -775,7 +775,8 @@ static void test_field_numbers_match_the_published_contract(void)
         {&prism__v1__hello__descriptor,
          "job_id=1 rank=2 world_size=3 node=4 token=5 device=6 layout=7"},
         {&prism__v1__block_grad_stats__descriptor,
-         "block_id=1 l2_norm=2 max_abs=3 mean=4 variance=5 numel=6 nonfinite=7"},
+         "block_id=1 l2_norm=2 max_abs=3 mean=4 variance=5 numel=6 nonfinite=7 saturated_fraction=8 "
+         "underflowed_fraction=9"},
         {&prism__v1__step_report__descriptor, "step=1 loss=2 blocks=3 tensor_stats=4"},
         {&prism__v1__block_tensor_stats__descriptor,
          "block_id=1 x_l2=2 x_max_abs=3 x_numel=4 w_l2=5 w_max_abs=6 w_numel=7 y_numel=8"},
@@ -794,7 +795,8 @@ static void test_field_numbers_match_the_published_contract(void)
          "history_window=14 update_interval_steps=15 min_steps_between_switches=16 "
          "force_bf16_blocks=17 force_int8_blocks=18 log_decisions=19 telemetry_enabled=20 "
          "telemetry_file=21 low_precision=22 apply_lag_steps=23 step_timeout_ms=24 "
-         "world_size=25"},
+         "world_size=25 low_precision_auto=26 low_formats=27 scale_mode=28 amax_history_len=29 "
+         "scale_margin=30"},
         {&prism__v1__block_precision__descriptor,
          "block_id=1 precision=2 sensitivity=3 reason=4 last_switch_step=5"},
         {&prism__v1__precision_update__descriptor,
@@ -808,9 +810,9 @@ static void test_field_numbers_match_the_published_contract(void)
          "vram_pressure_threshold=5 suppress_prefetch_in_backward=6 "
          "suppress_prefetch_in_optimizer=7"},
         {&prism__v1__welcome__descriptor,
-         "config=1 map=2 calibration_needed=3 cached_errors=4 hints=5"},
+         "config=1 map=2 calibration_needed=3 cached_errors=4 hints=5 calibration_formats=6"},
         {&prism__v1__error__descriptor, "code=1 message=2"},
-        {&prism__v1__service_message__descriptor, "welcome=1 update=2 hints=3 error=4"},
+        {&prism__v1__service_message__descriptor, "welcome=1 update=2 hints=3 error=4 config=5"},
         {&prism__v1__block_map_request__descriptor, "job_id=1"},
         {&prism__v1__block_map__descriptor,
          "job_id=1 map_version=2 decided_step=3 effective_step=4 blocks=5"},
