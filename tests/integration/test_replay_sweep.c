@@ -579,15 +579,23 @@ static void test_sweep_takes_the_numerics_keys(void)
         CU_ASSERT_EQUAL_FATAL(r.exit_code, 0);
         const char *line = r.out;
         for (int i = 0; i < 4 && sweeps[k].values[i]; i++) {
-            char cfg[512];
-            snprintf(cfg, sizeof cfg,
-                     "{\"warmup_steps\": 2, \"update_interval_steps\": 2, \"history_window\": 2, "
-                     "\"min_steps_between_switches\": 0, \"loss_spike_window\": 2, %s}",
-                     sweeps[k].values[i]);
+            /* The base config with this combination's keys over it (a swept key replaces the
+             * base's, as --sweep does). */
+            char members[512];
+            snprintf(members, sizeof members, "{%s}", sweeps[k].values[i]);
+            json_t *cfg = json_loads(base, 0, NULL), *over = json_loads(members, 0, NULL);
+            CU_ASSERT_FATAL(cfg != NULL && over != NULL);
+            json_object_update(cfg, over);
+            char *cfg_text = json_dumps(cfg, JSON_COMPACT);
+            json_decref(over);
+            json_decref(cfg);
             char one_arg[600];
-            snprintf(one_arg, sizeof one_arg, "--config=%s", prism_write_file(prism_scratch_dir(), "one.json", cfg));
+            snprintf(one_arg, sizeof one_arg, "--config=%s", prism_write_file(prism_scratch_dir(), "one.json", cfg_text));
+            free(cfg_text);
             const char *one_args[] = {"--timestamp", TS, one_arg, trace_path, NULL};
             prism_proc_result one = run_prismctl(one_args);
+            if (one.exit_code != 0)
+                fprintf(stderr, "sweep %zu, replay %d: %s\n", k, i, one.err);
             CU_ASSERT_EQUAL_FATAL(one.exit_code, 0);
             figures want = figures_of_records(one.out, 12);
             prism_proc_result_free(&one);
