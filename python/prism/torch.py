@@ -471,9 +471,13 @@ class Attachment:
             self.switches.append((step, version, list(precisions)))
             self.map_version = version
         self._step = step
+        quantized = False
         for b, p in enumerate(precisions):
             if p in _LOW and b in self._dst:
                 self._quantize_block(b, p)
+                quantized = True
+        if quantized:
+            _weights_changed()
         self._apply_plan()
         self._collect_stats()
         self._sampling = bool(self.tensor_stats_every) and step % self.tensor_stats_every == 0
@@ -647,8 +651,7 @@ class Attachment:
                 self._masters[b] = masters
             for p, w in zip(self.params[b], self._low_weights(b, fmt, masters)):
                 p.copy_(w)
-        _weights_changed()
-        self.applied[b] = fmt
+        self.applied[b] = fmt  # the caller calls _weights_changed once for all its blocks
 
     def _restore_weights(self):
         with torch.no_grad():

@@ -187,7 +187,8 @@ static bool print_formats(const json_t *t)
 }
 
 /* GET .../blocks as a table. The REASON column widens for the longer reasons of issue 17
- * (loss_spike, saturation), SAT and UNDER columns come when a block has saturation figures, and
+ * (loss_spike, saturation), SAT and UNDER columns come when the blocks carry the fractions (a scale
+ * mode other than current, "-" before any figures came, or a block with figures), and
  * the summary counts blocks per format when there are several: a job without any of those
  * prints as before, byte for byte. */
 static int cmd_blocks(const client *c, const char *job)
@@ -211,8 +212,7 @@ static int cmd_blocks(const client *c, const char *job)
         const char *reason = json_string_value(json_object_get(b, "reason"));
         if (reason && (int)strlen(reason) > reason_width)
             reason_width = (int)strlen(reason);
-        figures = figures || json_is_number(json_object_get(b, "saturated_fraction")) ||
-                  json_is_number(json_object_get(b, "underflowed_fraction"));
+        figures = figures || json_object_get(b, "saturated_fraction") || json_object_get(b, "underflowed_fraction");
     }
     printf("%-8s %-9s %11s %10s %11s %9s %11s %-*s ", "BLOCK", "PRECISION", "SENSITIVITY", "GRAD", "ERROR", "REL",
            "LAST_SWITCH", reason_width, "REASON");

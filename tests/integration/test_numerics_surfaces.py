@@ -184,6 +184,27 @@ class NumericsSurfacesTest(unittest.TestCase):
             "map_version 3, step 5, last decision at step 5: 3 bf16, 1 int4, 1 fp8_e4m3 (auto), saving 25.0%, "
             "1 loss spike (1 block rolled back)"])
 
+    def test_prismctl_shows_sat_and_under_before_any_figures_under_a_scale_mode(self):
+        # pow2 scales and no figures yet: REST carries the fractions as null, so prismctl blocks
+        # has its SAT and UNDER columns, "-" in each (the dashboard keeps the same rule). Steps 1, 2
+        # with norms (3, 1): rel 1.5, 0.5, scores 0.75, 0.25; block 1 goes low at 2 in int8 (no
+        # calibration: the last of low_formats). Under current scales (test_grpc) there are no
+        # such columns.
+        a = self.rank("job-z")
+        for step in (1, 2):
+            a.send(step_report=pb.StepReport(step=step, loss=1.0, blocks=[
+                pb.BlockGradStats(block_id=i, l2_norm=n, max_abs=1.0, numel=100) for i, n in enumerate((3.0, 1.0))]))
+        self.assertEqual(a.next().update.map_version, 1)
+        doc = self.prismd.json_until("/v1/jobs/job-z/blocks", lambda d: d["map_version"] == 1)
+        self.assertEqual([(x["saturated_fraction"], x["underflowed_fraction"]) for x in doc["blocks"]],
+                         [(None, None), (None, None)])
+        code, out, err = self.prismctl("blocks", "job-z")
+        self.assertEqual((code, err), (0, ""))
+        self.assertEqual(out.splitlines()[:3], [
+            "BLOCK    PRECISION SENSITIVITY       GRAD       ERROR       REL LAST_SWITCH REASON          SAT     UNDER FORCED",
+            "0        bf16           0.7500     0.7500           -    1.5000           - none              -         - no",
+            "1        int8           0.2500     0.2500           -    0.5000           2 score             -         - no"])
+
     def test_a_spike_after_a_restart_rolls_back_with_w_from_the_store(self):
         a = self.rank("job-r")
         # Steps 1, 2 (loss 1): the first decision at 2 puts block 1 in int8 (its score 0.25; no

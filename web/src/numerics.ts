@@ -8,9 +8,13 @@ export const NUMERICS_REASONS: readonly string[] = ["loss_spike", "format", "sat
 /** The most rows the table shows; a note counts the rest. */
 export const NUMERICS_ROWS_MAX = 100;
 
-/** True when some block carries saturation figures (the SAT and UNDER columns are shown). */
-export function hasFigures(blocks: readonly Block[]): boolean {
-  return blocks.some((b) => typeof b.saturated_fraction === "number" || typeof b.underflowed_fraction === "number");
+/**
+ * True when the table shows the SAT and UNDER columns: when the REST blocks carry the fractions,
+ * which they do under a scale mode other than current (null before any figures came) or when a
+ * block has figures. The rule of prismctl blocks.
+ */
+export function showsFractions(blocks: readonly Block[]): boolean {
+  return blocks.some((b) => b.saturated_fraction !== undefined || b.underflowed_fraction !== undefined);
 }
 
 /**

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { fractionPct, hasFigures, numericsRows } from "../src/numerics";
+import { fractionPct, numericsRows, showsFractions } from "../src/numerics";
 import type { Block } from "../src/types";
 
 function block(id: number, extra: Partial<Block> = {}): Block {
@@ -37,9 +37,10 @@ test("the table lists low, held, rolled-back and measured blocks, the most satur
   assert.deepEqual(numericsRows([block(0), block(1, { reason: "score" })]), { rows: [], total: 0 });
 });
 
-test("SAT and UNDER columns come only when a block has figures", () => {
-  assert.equal(hasFigures([block(0), block(1, { saturated_fraction: null, underflowed_fraction: null })]), false);
-  assert.equal(hasFigures([block(0), block(1, { saturated_fraction: 0, underflowed_fraction: 0 })]), true);
+test("SAT and UNDER columns come when the blocks carry the fractions, null (no figures yet) included", () => {
+  assert.equal(showsFractions([block(0), block(1)]), false);
+  assert.equal(showsFractions([block(0), block(1, { saturated_fraction: null, underflowed_fraction: null })]), true);
+  assert.equal(showsFractions([block(0), block(1, { saturated_fraction: 0, underflowed_fraction: 0 })]), true);
 });
 
 test("a fraction reads as a percent with 4 decimals", () => {

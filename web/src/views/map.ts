@@ -16,7 +16,7 @@ import {
   levelBrightness,
   precisionColour,
 } from "../palette";
-import { NUMERICS_ROWS_MAX, fractionPct, hasFigures, numericsRows } from "../numerics";
+import { NUMERICS_ROWS_MAX, fractionPct, numericsRows, showsFractions } from "../numerics";
 import { type FlipRules, flipHint } from "../policy";
 import { thresholdBands } from "../series";
 import type { Block, BlockMap, Config } from "../types";
@@ -271,7 +271,7 @@ export function mapView(ctx: ViewContext, job: string): View {
     const { rows, total } = numericsRows(m.blocks);
     numerics.hidden = total === 0;
     if (total === 0) return replace(numerics);
-    const figures = hasFigures(m.blocks);
+    const figures = showsFractions(m.blocks);
     const headers = [
       { label: "block" },
       { label: "format" },
