@@ -10,9 +10,11 @@
  * decision cannot happen without it), on plain steps (ingest only), and the telemetry line. */
 #define _POSIX_C_SOURCE 200809L
 #include "policy.h"
+#include "bench_telemetry_before.h"
 #include "telemetry.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +73,8 @@ static int run(size_t nblocks, int decisions)
     double *dec = malloc((size_t)decisions * sizeof *dec);
     double *ing = malloc((size_t)decisions * sizeof *ing);
     double *tel = malloc((size_t)decisions * sizeof *tel);
-    if (!p || !b || !dec || !ing || !tel)
+    double *tel_before = malloc((size_t)decisions * sizeof *tel_before);
+    if (!p || !b || !dec || !ing || !tel || !tel_before)
         return 1;
     prism_buf out = {0};
     int nd = 0, ni = 0;
@@ -91,40 +94,77 @@ static int run(size_t nblocks, int decisions)
             out.len = 0;
             double t2 = now_us();
             prism_telemetry_append(&out, p, &res.summary, 1.0, NULL);
-            tel[nd++] = now_us() - t2;
+            tel[nd] = now_us() - t2;
+            /* The baseline: the same record as it was written before issue 18. */
+            size_t len = out.len;
+            double t3 = now_us();
+            telemetry_append_before(&out, p, &res.summary, 1.0, NULL);
+            tel_before[nd++] = now_us() - t3;
+            if (out.len != 2 * len || memcmp(out.data, out.data + len, len) != 0) {
+                fprintf(stderr, "bench: the two telemetry records differ\n");
+                return 1;
+            }
         } else if (ni < decisions) {
             ing[ni++] = t1 - t0;
         }
     }
-    printf("%8zu  %10.1f  %10.1f  %10.1f  %12.1f  %14.1f  %10zu\n", nblocks, percentile(dec, (size_t)nd, 0.5),
-           percentile(dec, (size_t)nd, 0.99), percentile(ing, (size_t)ni, 0.5), percentile(tel, (size_t)nd, 0.5),
-           (double)nblocks / percentile(ing, (size_t)ni, 0.5), changes / (size_t)nd);
+    double tel50 = percentile(tel, (size_t)nd, 0.5), before50 = percentile(tel_before, (size_t)nd, 0.5);
+    printf("%8zu  %10.1f  %10.1f  %10.1f  %14.1f  %13.1f  %12.1f  %8.1fx  %10zu\n", nblocks,
+           percentile(dec, (size_t)nd, 0.5), percentile(dec, (size_t)nd, 0.99), percentile(ing, (size_t)ni, 0.5),
+           (double)nblocks / percentile(ing, (size_t)ni, 0.5), tel50, before50, before50 / tel50,
+           changes / (size_t)nd);
     prism_buf_free(&out);
     free(b);
     free(dec);
     free(ing);
     free(tel);
+    free(tel_before);
     prism_policy_destroy(p);
     prism_config_free(&cfg);
     return 0;
 }
 
+static int usage(FILE *to, int code)
+{
+    fprintf(to, "usage: bench_policy [DECISIONS] [--max-blocks N]\n\n"
+                "Times policy decisions, step ingest and the telemetry record for 48, 1,000, 10,000 and 100,000\n"
+                "blocks (those up to N with --max-blocks); DECISIONS per block count (default 300, at least 10).\n"
+                "The record is timed twice: as prismd writes it, and as it was written before issue 18 (the\n"
+                "baseline); the two texts must be equal, else the benchmark fails. Results: bench/README.md.\n");
+    return code;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        printf("usage: bench_policy [DECISIONS]\n\nTimes policy decisions, step ingest and telemetry for 48, 1,000 "
-               "and 10,000 blocks;\nDECISIONS per block count (default 300, at least 10). Results: bench/README.md.\n");
-        return 0;
+    int decisions = 300;
+    size_t max_blocks = SIZE_MAX;
+    for (int i = 1; i < argc; i++) {
+        char *end;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return usage(stdout, 0);
+        if (strcmp(argv[i], "--max-blocks") == 0 && i + 1 < argc) {
+            unsigned long long v = strtoull(argv[++i], &end, 10);
+            if (*end || v == 0) {
+                fprintf(stderr, "bench_policy: --max-blocks: '%s' is not a block count\n", argv[i]);
+                return 2;
+            }
+            max_blocks = (size_t)v;
+        } else {
+            long v = strtol(argv[i], &end, 10);
+            if (*end || v < 1 || v > 1000000) {
+                fprintf(stderr, "bench_policy: '%s' is not a number of decisions from 1 to 1000000\n", argv[i]);
+                return usage(stderr, 2);
+            }
+            decisions = v < 10 ? 10 : (int)v;
+        }
     }
-    int decisions = argc > 1 ? atoi(argv[1]) : 300;
-    if (decisions < 10)
-        decisions = 10;
-    printf("policy decision time, %d decisions per row (microseconds; target: decision p50 < 1000 at 10000 blocks)\n",
+    printf("policy decision time, %d decisions per row (microseconds; target: decision p99 < 1000 and ingest >= 100 "
+           "records/us at 100000 blocks)\n",
            decisions);
-    printf("%8s  %10s  %10s  %10s  %12s  %14s  %10s\n", "blocks", "decide p50", "decide p99", "ingest p50",
-           "telemetry p50", "records/us", "changes/dec");
-    static const size_t sizes[] = {48, 1000, 10000};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    printf("%8s  %10s  %10s  %10s  %14s  %13s  %12s  %9s  %10s\n", "blocks", "decide p50", "decide p99", "ingest p50",
+           "records/us", "telemetry p50", "before p50", "speedup", "changes/dec");
+    static const size_t sizes[] = {48, 1000, 10000, 100000};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && sizes[i] <= max_blocks; i++)
         if (run(sizes[i], decisions))
             return 1;
     return 0;

@@ -13,9 +13,25 @@ typedef struct prism_buf {
 void prism_buf_free(prism_buf *b);
 prism_status prism_buf_append(prism_buf *b, const char *s, size_t n);
 
-/* Appends the shortest decimal text that reads back as exactly x (JSON has no NaN/Inf: those
- * are written as null). */
+/* Makes room for n more bytes (and the NUL after them) without writing them: a caller may then
+ * write up to n bytes at data + len and move len past them. */
+prism_status prism_buf_reserve(prism_buf *b, size_t n);
+
+/* The most bytes prism_double_text writes, its NUL included ("-2.2250738585072014e-308"). */
+#define PRISM_DOUBLE_TEXT_MAX 32
+
+/* Writes the shortest decimal text that reads back as exactly x, as printf's %.15g, %.16g or
+ * %.17g writes it (the first that reads back), with ".0" after an integral value and "null" for
+ * NaN and Inf (JSON has neither), then a NUL; returns its length (number_text.c). */
+size_t prism_double_text(double x, char *out);
+
+/* Appends prism_double_text's text for x. */
 prism_status prism_buf_append_double(prism_buf *b, double x);
+
+/* The same text as prism_double_text, found the way it was before issue 18: printf renders 17
+ * digits, the 15- and 16-digit texts derived from them are read back (printf and strtod for the
+ * ties and for subnormals). Several times slower; kept as bench_policy's baseline and as a check. */
+size_t prism_double_text_printf(double x, char *out);
 
 /* Appends the record of the decision summarised in s, with the details of every block of p,
  * and a newline. Keys: step_id, timestamp, blocks_bf16, blocks_int8, mean_sensitivity,

@@ -1,9 +1,12 @@
-/* prism_buf_append_double (telemetry.c) derives the 15- and 16-digit texts from one 17-digit
- * rendering instead of asking printf and strtod for each: it must write exactly what the plain
- * search writes (%.15g, %.16g, %.17g, the first that strtod reads back as the value). This test
- * keeps that plain search as the reference and compares the two on values of every kind: random
- * bit patterns over the whole range, short decimals, integers, values next to powers of ten,
- * ties of the 17-digit rounding, signed zeros, the extremes and subnormals. */
+/* prism_buf_append_double (number_text.c) finds x's shortest digits with integer arithmetic
+ * (Ryu's method) and renders them as printf would: it must write exactly what the plain search
+ * writes (%.15g, %.16g, %.17g, the first that strtod reads back as the value; from one digit up
+ * for subnormals). This test keeps that plain search as the reference and compares the two on
+ * values of every kind: random bit patterns over the whole range, short decimals, integers,
+ * values next to powers of ten, every power of two and its neighbours (where the bracket around x
+ * is lopsided and number_text.c hands the long ones to printf), ties of the 17-digit rounding,
+ * signed zeros, the extremes and subnormals. prism_double_text_printf (the way it was done before,
+ * bench_policy's baseline) must write the same. */
 #include "testutil.h"
 
 #include "telemetry.h"
@@ -51,6 +54,11 @@ static void check(double x)
     if (strcmp(b.data, want) != 0 && mismatches++ < 10)
         fprintf(stderr, "%a: got %s, want %s\n", x, b.data, want);
     prism_buf_free(&b);
+    /* bench_policy's baseline writes the same */
+    char old[PRISM_DOUBLE_TEXT_MAX];
+    size_t n = prism_double_text_printf(x, old);
+    if ((n != strlen(want) || strcmp(old, want) != 0) && mismatches++ < 10)
+        fprintf(stderr, "%a: the printf path wrote %s, want %s\n", x, old, want);
 }
 
 static void test_number_text_equals_the_plain_shortest_search(void)
@@ -59,6 +67,7 @@ static void test_number_text_equals_the_plain_shortest_search(void)
     const double fixed[] = {0.0, -0.0, 1.0, -1.0, 0.1, 0.5, 25.0, 30.2, 1e15, 1e16, 1e17, 9.999999999999999e14,
                             999999999999999.9, 1e-4, 1e-5, 0.00012345, 123456789012345678.0, DBL_MAX, -DBL_MAX,
                             DBL_MIN, DBL_TRUE_MIN, 5e-324, 2.2250738585072009e-308, 1700000000.5, 0.3, 2.0 / 3.0,
+                            1e23, 9007199254740993.0, 5e-310,
                             NAN, INFINITY};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         check(fixed[i]);
@@ -98,6 +107,21 @@ static void test_number_text_equals_the_plain_shortest_search(void)
         snprintf(t, sizeof t, "%llu%s5e%d", (unsigned long long)(next_u64() % 1000000000000000ull),
                  i % 2 ? "" : "0", (int)(next_u64() % 40) - 20);
         check(strtod(t, NULL));
+    }
+    for (int e = -1074; e <= 1023; e++) {
+        /* every power of two and its neighbours, both signs */
+        double p = ldexp(1.0, e);
+        check(p);
+        check(-p);
+        check(nextafter(p, 0));
+        check(nextafter(p, INFINITY));
+    }
+    for (int i = 0; i < 100000; i++) {
+        /* subnormals: random fractions with a zero exponent */
+        uint64_t bits = next_u64() & ((UINT64_C(1) << 52) - 1);
+        double x;
+        memcpy(&x, &bits, sizeof x);
+        check(x);
     }
     CU_ASSERT_EQUAL(mismatches, 0);
 }
