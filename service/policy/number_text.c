@@ -14,7 +14,11 @@
  * Nearest-of-the-shortest is what the plain search writes whenever x's bracket is symmetric. It
  * is not only at a power of two, where the gap below x is half the gap above: there, a 16- or
  * 17-digit result may sit above x while printf's rounding of x lies below it and outside the
- * bracket. Those values (at most 2,046 doubles) take the printf path, as all values did before. */
+ * bracket. Those values (at most 2,046 doubles) take the printf path, as all values did before.
+ *
+ * The search and the writing are two calls (telemetry.h's prism_number_prepare and
+ * prism_number_text) so that a writer of several numbers can search all of them first: each
+ * search is one long dependent chain, and side by side they overlap in the processor. */
 #define _DEFAULT_SOURCE /* stpcpy */
 #include "telemetry.h"
 
@@ -281,6 +285,10 @@ static void shortest_digits(double x, uint64_t *digits, int *e10, bool *symmetri
         if (vr_zeros && last == 5 && vr % 2 == 0)
             last = 4; /* exactly half way: to even */
         *digits = vr + ((vr == vm && (!even || !vm_zeros)) || last >= 5);
+        while (*digits % 10 == 0) { /* a result on vm with its zeros kept */
+            *digits /= 10;
+            removed++;
+        }
     } else {
         if (vp / 100 > vm / 100) { /* the common case drops two digits or more: two at once */
             last = (unsigned)(vr % 100 >= 50 ? 5 : 0);
@@ -296,6 +304,7 @@ static void shortest_digits(double x, uint64_t *digits, int *e10, bool *symmetri
             vm /= 10;
             removed++;
         }
+        /* Never a trailing zero here: vr + 1 ending in 0 would have let the loop drop one more. */
         *digits = vr + (vr == vm || last >= 5);
     }
     *e10 += removed;
@@ -334,26 +343,47 @@ static int decimal_length(uint64_t v)
     return guess + (v >= pow10_u64[guess]);
 }
 
-/* Writes c's eight decimal digits (c < 10^8, leading zeros included) at o: two halves of four,
- * each two pairs, so no division waits on more than one other. */
-static void write_8_digits(char *o, uint32_t c)
+/* Writes c's eight decimal digits (c < 10^8, leading zeros included) at o. On a little-endian
+ * machine all eight at once in one 64-bit word: its two 32-bit lanes hold the two halves of four
+ * digits, each lane splits into two 16-bit lanes of two digits, each of those into two bytes of
+ * one digit (a multiply and shift divides every lane by 100, then by 10: x * 10486 >> 20 is
+ * x / 100 rounded down for x < 10^4, x * 103 >> 10 is x / 10 for x < 100), then '0' is added to
+ * every byte. Elsewhere two digits at a time. */
+static inline __attribute__((always_inline)) void write_8_digits(char *o, uint32_t c)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t fours = (uint64_t)(c / 10000) | (uint64_t)(c % 10000) << 32;
+    uint64_t hundreds = (fours * 10486 >> 20) & UINT64_C(0x0000007f0000007f);
+    uint64_t twos = hundreds | (fours - hundreds * 100) << 16;
+    uint64_t tens = (twos * 103 >> 10) & UINT64_C(0x000f000f000f000f);
+    uint64_t ones = tens | (twos - tens * 10) << 8;
+    ones |= UINT64_C(0x3030303030303030);
+    memcpy(o, &ones, 8);
+#else
     uint32_t high = c / 10000, low = c % 10000;
     memcpy(o, digit_pairs + 2 * (high / 100), 2);
     memcpy(o + 2, digit_pairs + 2 * (high % 100), 2);
     memcpy(o + 4, digit_pairs + 2 * (low / 100), 2);
     memcpy(o + 6, digit_pairs + 2 * (low % 100), 2);
+#endif
 }
 
-/* Writes v's n decimal digits at d: eight-digit groups split off from the right, the rest two at
- * a time. */
-static void write_digits(char *d, uint64_t v, int n)
+/* Writes v's n decimal digits at d: its eight-digit groups from the right (each split off v
+ * directly, so that no group waits on another), the rest two at a time. */
+static inline __attribute__((always_inline)) void write_digits(char *d, uint64_t v, int n)
 {
     char *o = d + n;
-    while (v >= 100000000) {
+    if (v >= 100000000) {
+        uint64_t rest = v / 100000000;
+        write_8_digits(o - 8, (uint32_t)(v - rest * 100000000));
         o -= 8;
-        write_8_digits(o, (uint32_t)(v % 100000000));
-        v /= 100000000;
+        if (rest >= 100000000) {
+            uint64_t top = v / UINT64_C(10000000000000000);
+            write_8_digits(o - 8, (uint32_t)(rest - top * 100000000));
+            o -= 8;
+            rest = top;
+        }
+        v = rest;
     }
     uint32_t w = (uint32_t)v;
     while (w >= 100) {
@@ -369,8 +399,29 @@ static void write_digits(char *d, uint64_t v, int n)
     }
 }
 
+void prism_number_prepare(double x, prism_number *num)
+{
+    num->x = x;
+    num->digits = 0;
+    num->e10 = 0;
+    num->n = 0;
+    num->symmetric = true;
+    if (isfinite(x) && x != 0) {
+        shortest_digits(x, &num->digits, &num->e10, &num->symmetric);
+        num->n = decimal_length(num->digits);
+    }
+}
+
 size_t prism_double_text(double x, char *out)
 {
+    prism_number num;
+    prism_number_prepare(x, &num);
+    return prism_number_text(&num, out);
+}
+
+size_t prism_number_text(const prism_number *num, char *out)
+{
+    double x = num->x;
     if (!isfinite(x)) {
         memcpy(out, "null", 5);
         return 4;
@@ -382,19 +433,14 @@ size_t prism_double_text(double x, char *out)
         memcpy(o, "0.0", 4);
         return (size_t)(o + 3 - out);
     }
-    uint64_t digits;
-    int e10;
-    bool symmetric;
-    shortest_digits(x, &digits, &e10, &symmetric);
-    while (digits % 10 == 0) { /* rare: a rounding up that ended in zeros */
-        digits /= 10;
-        e10++;
-    }
-    int n = decimal_length(digits);
-    if (!symmetric && n >= 16) {
+    uint64_t digits = num->digits;
+    int n = num->n, e10 = num->e10;
+    if (!num->symmetric && n >= 16) {
         printf_shortest(x, out);
         return strlen(out);
     }
+    /* The digits go straight to their places (written as 8-byte words by write_8_digits; a
+     * staging buffer read back as 16 bytes would wait on those stores). */
     /* As %.Pg writes it: P = 15 up to 15 digits (its zeros dropped), P = n for 16 or 17 digits
      * and for subnormals (whose exponent form the search from one digit writes); the exponent
      * form when x10 < -4 or x10 >= P, else the fixed form, ".0" after an integer. */
@@ -422,20 +468,33 @@ size_t prism_double_text(double x, char *out)
         write_digits(o, digits, n);
         o += n;
     } else if (n <= x10 + 1) {
-        write_digits(o, digits, n); /* an integer: its zeros, then ".0" */
+        write_digits(o, digits, n); /* an integer (at most 15 digits): its zeros, then ".0" */
         o += n;
-        memset(o, '0', (size_t)(x10 + 1 - n));
+        memcpy(o, "000000000000000", 15);
         o += x10 + 1 - n;
         memcpy(o, ".0", 2);
         o += 2;
     } else {
         write_digits(o + 1, digits, n); /* ddd.ddd: the integer digits move one to the left */
-        memmove(o, o + 1, (size_t)(x10 + 1));
+        for (int i = 0; i <= x10; i++)  /* usually one or two bytes: cheaper than memmove */
+            o[i] = o[i + 1];
         o[x10 + 1] = '.';
         o += n + 1;
     }
     *o = '\0';
     return (size_t)(o - out);
+}
+
+size_t prism_u64_text(uint64_t x, char *out)
+{
+    if (x >= pow10_u64[17]) { /* beyond write_digits' 17 digits: rare (ids are 32-bit) */
+        int n = snprintf(out, 24, "%llu", (unsigned long long)x);
+        return (size_t)n;
+    }
+    int n = x ? decimal_length(x) : 1;
+    write_digits(out, x, n);
+    out[n] = '\0';
+    return (size_t)n;
 }
 
 size_t prism_double_text_printf(double x, char *out)

@@ -47,8 +47,7 @@ static prism_status append_str(prism_buf *b, const char *s)
 static prism_status append_u64(prism_buf *b, uint64_t x)
 {
     char text[24];
-    int n = snprintf(text, sizeof text, "%llu", (unsigned long long)x);
-    return prism_buf_append(b, text, (size_t)n);
+    return prism_buf_append(b, text, prism_u64_text(x, text));
 }
 
 static prism_status append_opt(prism_buf *b, bool present, double x)
@@ -59,55 +58,51 @@ static prism_status append_opt(prism_buf *b, bool present, double x)
 /* Writers into room prism_buf_reserve made: each returns the end of what it wrote. */
 #define PUT_LIT(o, lit) (memcpy((o), (lit), sizeof(lit) - 1), (o) + sizeof(lit) - 1)
 
-static char *put_str(char *o, const char *s)
+static char *put_number(char *o, bool present, const prism_number *num)
 {
-    size_t n = strlen(s);
-    memcpy(o, s, n);
-    return o + n;
+    return present ? o + prism_number_text(num, o) : PUT_LIT(o, "null");
 }
 
-static char *put_u32(char *o, uint32_t x)
-{
-    char t[10];
-    int n = 0;
-    do {
-        t[n++] = (char)('0' + x % 10);
-        x /= 10;
-    } while (x);
-    while (n)
-        *o++ = t[--n];
-    return o;
-}
-
-static char *put_opt(char *o, bool present, double x)
-{
-    return present ? o + prism_double_text(x, o) : PUT_LIT(o, "null");
-}
-
-/* The most bytes put_block writes (~400: the keys, a 10-digit id, a precision name, six numbers
- * of at most PRISM_DOUBLE_TEXT_MAX - 1 bytes), its NUL included. */
+/* The room put_block needs (~450: the keys, a 10-digit id, a precision name, six numbers of
+ * PRISM_DOUBLE_TEXT_MAX bytes of room each), its NUL included. */
 #define BLOCK_TEXT_MAX 512
 
 /* One block's entry of block_details, with a comma before it unless it is the first. */
-static char *put_block(char *o, const prism_block_view *v, bool first)
+static char *put_block(char *o, const prism_block_view *v, bool first, const char *const *names,
+                       const size_t *name_lens)
 {
     o = first ? PUT_LIT(o, "\"") : PUT_LIT(o, ",\"");
-    o = put_u32(o, v->id);
+    o += prism_u64_text(v->id, o);
     o = PUT_LIT(o, "\":{\"precision\":\"");
-    o = put_str(o, prism_precision_name(v->precision));
+    memcpy(o, names[v->precision], name_lens[v->precision]);
+    o += name_lens[v->precision];
+    /* The digits of every number first (see prism_number_prepare), then the text. */
+    bool scored = v->has_score, erred = v->has_score && v->has_error_score, sat = v->has_saturation;
+    prism_number num[6];
+    if (scored) {
+        prism_number_prepare(v->sensitivity, &num[0]);
+        prism_number_prepare(v->grad_score, &num[1]);
+        prism_number_prepare(v->relative_magnitude, &num[3]);
+    }
+    if (erred)
+        prism_number_prepare(v->error_score, &num[2]);
+    if (sat) {
+        prism_number_prepare(v->saturated_fraction, &num[4]);
+        prism_number_prepare(v->underflowed_fraction, &num[5]);
+    }
     o = PUT_LIT(o, "\",\"sensitivity\":");
-    o = put_opt(o, v->has_score, v->sensitivity);
+    o = put_number(o, scored, &num[0]);
     o = PUT_LIT(o, ",\"grad_score\":");
-    o = put_opt(o, v->has_score, v->grad_score);
+    o = put_number(o, scored, &num[1]);
     o = PUT_LIT(o, ",\"error_score\":");
-    o = put_opt(o, v->has_score && v->has_error_score, v->error_score);
+    o = put_number(o, erred, &num[2]);
     o = PUT_LIT(o, ",\"relative_magnitude\":");
-    o = put_opt(o, v->has_score, v->relative_magnitude);
-    if (v->has_saturation) {
+    o = put_number(o, scored, &num[3]);
+    if (sat) {
         o = PUT_LIT(o, ",\"saturated_fraction\":");
-        o = put_opt(o, true, v->saturated_fraction);
+        o = put_number(o, true, &num[4]);
         o = PUT_LIT(o, ",\"underflowed_fraction\":");
-        o = put_opt(o, true, v->underflowed_fraction);
+        o = put_number(o, true, &num[5]);
     }
     *o++ = '}';
     *o = '\0';
@@ -152,9 +147,16 @@ prism_status prism_telemetry_append(prism_buf *b, const prism_policy *p, const p
     }
     TRY(append_str(b, ",\"block_details\":{"));
     size_t n = prism_policy_block_count(p);
+    const char *names[PRISM_PRECISION_COUNT];
+    size_t name_lens[PRISM_PRECISION_COUNT];
+    for (int f = 0; f < PRISM_PRECISION_COUNT; f++) {
+        names[f] = prism_precision_name((prism_precision)f);
+        name_lens[f] = strlen(names[f]);
+    }
     for (size_t i = 0; i < n; i++) {
-        TRY(prism_buf_reserve(b, BLOCK_TEXT_MAX));
-        b->len = (size_t)(put_block(b->data + b->len, prism_policy_block(p, i), i == 0) - b->data);
+        if (b->len + BLOCK_TEXT_MAX + 1 > b->cap)
+            TRY(prism_buf_reserve(b, BLOCK_TEXT_MAX));
+        b->len = (size_t)(put_block(b->data + b->len, prism_policy_block(p, i), i == 0, names, name_lens) - b->data);
     }
     /* Issue 17's fields come last, so that records read as before up to block_details. */
     TRY(append_str(b, "}"));

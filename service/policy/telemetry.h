@@ -17,13 +17,31 @@ prism_status prism_buf_append(prism_buf *b, const char *s, size_t n);
  * write up to n bytes at data + len and move len past them. */
 prism_status prism_buf_reserve(prism_buf *b, size_t n);
 
-/* The most bytes prism_double_text writes, its NUL included ("-2.2250738585072014e-308"). */
-#define PRISM_DOUBLE_TEXT_MAX 32
+/* The room prism_double_text needs at out: its text is at most 25 bytes with the NUL
+ * ("-2.2250738585072014e-308"), and it may write scratch bytes past the text's end up to here. */
+#define PRISM_DOUBLE_TEXT_MAX 48
 
 /* Writes the shortest decimal text that reads back as exactly x, as printf's %.15g, %.16g or
  * %.17g writes it (the first that reads back), with ".0" after an integral value and "null" for
  * NaN and Inf (JSON has neither), then a NUL; returns its length (number_text.c). */
 size_t prism_double_text(double x, char *out);
+
+/* prism_double_text in two halves, so that a caller writing several numbers can find all their
+ * digits first and then write them: the digit searches, each a long chain of dependent
+ * multiplications, then overlap in the processor instead of running one after the other. */
+typedef struct prism_number {
+    double x;
+    uint64_t digits; /* x's shortest digits (0 for a zero or a non-finite x) */
+    int e10;         /* x reads back from digits * 10^e10 */
+    int n;           /* the number of digits */
+    bool symmetric;  /* false: x's neighbours are not equally far (a power of two) */
+} prism_number;
+
+void prism_number_prepare(double x, prism_number *num);
+size_t prism_number_text(const prism_number *num, char *out); /* prism_double_text(num->x, out) */
+
+/* Writes x in decimal and a NUL (at most 20 digits); returns the number of digits. */
+size_t prism_u64_text(uint64_t x, char *out);
 
 /* Appends prism_double_text's text for x. */
 prism_status prism_buf_append_double(prism_buf *b, double x);

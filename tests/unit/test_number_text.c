@@ -126,8 +126,26 @@ static void test_number_text_equals_the_plain_shortest_search(void)
     CU_ASSERT_EQUAL(mismatches, 0);
 }
 
+/* prism_u64_text writes what %llu writes. */
+static void test_integer_text_equals_printf(void)
+{
+    const uint64_t fixed[] = {0, 1, 9, 10, 99, 100, 4294967295u, UINT64_C(99999999), UINT64_C(100000000),
+                              UINT64_C(99999999999999999), UINT64_C(100000000000000000), UINT64_MAX};
+    size_t bad = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0] + 200000; i++) {
+        uint64_t x = i < sizeof fixed / sizeof fixed[0] ? fixed[i] : next_u64() >> (next_u64() % 64);
+        char want[32], got[32];
+        snprintf(want, sizeof want, "%llu", (unsigned long long)x);
+        size_t n = prism_u64_text(x, got);
+        if ((n != strlen(want) || strcmp(got, want) != 0) && bad++ < 10)
+            fprintf(stderr, "%llu: got %s\n", (unsigned long long)x, got);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 static const prism_test_case cases[] = {
     {"test_number_text_equals_the_plain_shortest_search", test_number_text_equals_the_plain_shortest_search},
+    {"test_integer_text_equals_printf", test_integer_text_equals_printf},
     {NULL, NULL},
 };
 
