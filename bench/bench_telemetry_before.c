@@ -1,7 +1,9 @@
 /* The telemetry record writer as it was before issue 18 (service/policy/telemetry.c at 2dc5ac5):
  * every piece appended on its own, integers through snprintf, doubles through printf and strtod
- * (prism_double_text_printf). bench_policy times it beside today's writer as the baseline, and
- * checks that the two write the same bytes. Not used by Prism itself. */
+ * (prism_double_text_printf, the old search; its text rendering, shared with today's code, writes
+ * the exponent by hand where the old one called sprintf, so this baseline is if anything faster).
+ * bench_policy times it beside today's writer as the baseline, and checks that the two write the
+ * same bytes. Not used by Prism itself. */
 #include "bench_telemetry_before.h"
 
 #include <stdio.h>

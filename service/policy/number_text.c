@@ -14,12 +14,12 @@
  * Nearest-of-the-shortest is what the plain search writes whenever x's bracket is symmetric. It
  * is not only at a power of two, where the gap below x is half the gap above: there, a 16- or
  * 17-digit result may sit above x while printf's rounding of x lies below it and outside the
- * bracket. Those values (at most 2,046 doubles) take the printf path, as all values did before.
+ * bracket. Those values (1,834 powers of two and their negatives, out of all doubles) take the
+ * printf path, as all values did before.
  *
  * The search and the writing are two calls (telemetry.h's prism_number_prepare and
  * prism_number_text) so that a writer of several numbers can search all of them first: each
  * search is one long dependent chain, and side by side they overlap in the processor. */
-#define _DEFAULT_SOURCE /* stpcpy */
 #include "telemetry.h"
 
 #include <math.h>
@@ -468,7 +468,7 @@ size_t prism_number_text(const prism_number *num, char *out)
         write_digits(o, digits, n);
         o += n;
     } else if (n <= x10 + 1) {
-        write_digits(o, digits, n); /* an integer (at most 15 digits): its zeros, then ".0" */
+        write_digits(o, digits, n); /* an integer: its zeros (when x10 + 1 > n, at most 14), then ".0" */
         o += n;
         memcpy(o, "000000000000000", 15);
         o += x10 + 1 - n;

@@ -1,7 +1,9 @@
 /* The decision rules of DESIGN 4.2 and 4.7 and the summary of 4.4. Per-block state sits in
- * arrays indexed by a dense slot (idmap.h); the window of a block is a ring of history_window
- * relative magnitudes in one shared array, with the saturation figures of each entry in parallel
- * arrays of the same layout. The losses of the spike rule (W) are one ring of loss_spike_window. */
+ * arrays indexed by a dense slot (idmap.h): what a step's ingest touches (block_live) apart from
+ * the rest (block), so that 100,000 blocks' ingest stays in the caches. The window of a block is
+ * a ring of history_window relative magnitudes in one shared array, with the saturation figures
+ * of each entry in parallel arrays of the same layout, made when the first figures come. The
+ * losses of the spike rule (W) are one ring of loss_spike_window. */
 #include "policy.h"
 
 #include "idmap.h"
@@ -10,14 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct block {
-    prism_block_view view;
-    bool reported;          /* stats arrived at least once; unreported slots only hold bytes or calibration */
-    bool assigned;          /* placed by the score rule at least once */
-    bool nonfinite_pending; /* a non-finite step since the last decision */
-    uint32_t win_len, win_head;
+/* What a step's ingest touches of a block, in an array of its own (p->live, by slot): 24 bytes
+ * a block instead of the whole block, so that at 100,000 blocks a step's working set stays in
+ * the caches. */
+typedef struct block_live {
     uint64_t seen_call;     /* add_step call that last saw it, to catch repeated ids */
+    uint32_t win_len, win_head;
+    bool reported;          /* stats arrived at least once; unreported slots only hold bytes or calibration */
+    bool nonfinite_pending; /* a non-finite step since the last decision */
+} block_live;
+
+typedef struct block {
+    bool assigned;          /* placed by the score rule at least once */
     uint64_t rolled_call;   /* add_step call whose loss spike rolled it back */
+    prism_block_view view;
     double calibration[PRISM_PRECISION_COUNT]; /* NaN: not known */
 } block;
 
@@ -27,10 +35,14 @@ struct prism_policy {
     bool has_pending;
     prism_idmap ids;
     block *blocks;
+    block_live *live;      /* by slot, as blocks */
     size_t nblocks, cap_blocks;
     double *windows;       /* cap_blocks * stride */
-    uint8_t *sat_has;      /* cap_blocks * stride: the window entry carried saturation figures */
-    double *sat_val, *und_val; /* cap_blocks * stride: its saturated and underflowed fractions */
+    /* cap_blocks * stride, laid out as windows: the entry carried saturation figures, and its
+     * saturated and underflowed fractions. NULL until some report carries figures (most jobs'
+     * never do, and their steps then touch none of it). */
+    uint8_t *sat_has;
+    double *sat_val, *und_val;
     size_t stride;         /* the history_window the array was laid out for */
     double *losses;        /* W: ring of loss_cap values */
     double *loss_sorted;   /* W's loss_len values in ascending order (room for loss_cap), for the median */
@@ -46,8 +58,10 @@ struct prism_policy {
     uint64_t map_version;
     prism_change *changes;
     size_t nchanges, cap_changes;
-    uint32_t *step_slots;  /* scratch: slot of each record of the current step */
-    size_t cap_step_slots;
+    uint32_t *step_slots;  /* slot of each record of the current step (then of the last one) */
+    uint32_t *step_ids;    /* block id of each record of the last step: a step in the same order
+                            * finds its slots here, without the hash table */
+    size_t cap_step_slots, nstep_ids;
     uint64_t *order_keys;  /* scratch of refresh_order, cap_order_keys entries */
     size_t cap_order_keys;
 };
@@ -233,6 +247,7 @@ void prism_policy_destroy(prism_policy *p)
         prism_config_free(&p->pending);
     prism_idmap_free(&p->ids);
     free(p->blocks);
+    free(p->live);
     free(p->windows);
     free(p->sat_has);
     free(p->sat_val);
@@ -243,6 +258,7 @@ void prism_policy_destroy(prism_policy *p)
     free(p->changes);
     free(p->order_keys);
     free(p->step_slots);
+    free(p->step_ids);
     free(p);
 }
 
@@ -287,22 +303,28 @@ static prism_status slot_of(prism_policy *p, uint32_t id, uint32_t *slot, prism_
         if (!nb)
             return nomem(err);
         p->blocks = nb;
+        block_live *nl = realloc(p->live, ncap * sizeof *nl);
+        if (!nl)
+            return nomem(err);
+        p->live = nl;
         double *nw = realloc(p->windows, ncap * p->stride * sizeof *nw);
         if (!nw)
             return nomem(err);
         p->windows = nw;
-        uint8_t *nh = realloc(p->sat_has, ncap * p->stride * sizeof *nh);
-        if (!nh)
-            return nomem(err);
-        p->sat_has = nh;
-        double *nsv = realloc(p->sat_val, ncap * p->stride * sizeof *nsv);
-        if (!nsv)
-            return nomem(err);
-        p->sat_val = nsv;
-        double *nuv = realloc(p->und_val, ncap * p->stride * sizeof *nuv);
-        if (!nuv)
-            return nomem(err);
-        p->und_val = nuv;
+        if (p->sat_has) {
+            uint8_t *nh = realloc(p->sat_has, ncap * p->stride * sizeof *nh);
+            if (!nh)
+                return nomem(err);
+            p->sat_has = nh;
+            double *nsv = realloc(p->sat_val, ncap * p->stride * sizeof *nsv);
+            if (!nsv)
+                return nomem(err);
+            p->sat_val = nsv;
+            double *nuv = realloc(p->und_val, ncap * p->stride * sizeof *nuv);
+            if (!nuv)
+                return nomem(err);
+            p->und_val = nuv;
+        }
         uint32_t *no = realloc(p->order, ncap * sizeof *no);
         if (!no)
             return nomem(err);
@@ -313,6 +335,7 @@ static prism_status slot_of(prism_policy *p, uint32_t id, uint32_t *slot, prism_
         return nomem(err);
     block *b = &p->blocks[p->nblocks];
     memset(b, 0, sizeof *b);
+    memset(&p->live[p->nblocks], 0, sizeof p->live[p->nblocks]);
     b->view.id = id;
     b->view.precision = PRISM_PRECISION_BF16;
     b->view.candidate = prism_config_low_format(&p->cfg);
@@ -383,24 +406,56 @@ static double *window_of(prism_policy *p, uint32_t slot)
     return p->windows + (size_t)slot * p->stride;
 }
 
-/* Appends a window entry: rel and, when s carries them, the step's saturation figures. */
+/* Makes the saturation arrays (every entry without figures) before the first entry with
+ * figures; a no-op once they exist. */
+static prism_status saturation_alloc(prism_policy *p, prism_error *err)
+{
+    if (p->sat_has)
+        return PRISM_OK;
+    size_t room = (p->cap_blocks ? p->cap_blocks : 1) * p->stride;
+    uint8_t *nh = calloc(room, sizeof *nh);
+    double *nsv = calloc(room, sizeof *nsv), *nuv = calloc(room, sizeof *nuv);
+    if (!nh || !nsv || !nuv) {
+        free(nh);
+        free(nsv);
+        free(nuv);
+        return nomem(err);
+    }
+    p->sat_has = nh;
+    p->sat_val = nsv;
+    p->und_val = nuv;
+    return PRISM_OK;
+}
+
+/* Index i (0 oldest) of a window whose oldest entry is at head: no division (the stride is a
+ * variable, and a division per entry was most of a decision's time at 100,000 blocks). */
+static size_t ring_at(uint32_t head, uint32_t i, size_t stride)
+{
+    size_t at = (size_t)head + i;
+    return at >= stride ? at - stride : at;
+}
+
+/* Appends a window entry: rel and, when s carries them, the step's saturation figures (the
+ * arrays exist: saturation_alloc ran before any entry with figures). */
 static void window_push(prism_policy *p, uint32_t slot, double rel, const prism_block_stats *s)
 {
-    block *b = &p->blocks[slot];
+    block_live *b = &p->live[slot];
     size_t at;
     if (b->win_len < p->stride) {
-        at = (b->win_head + b->win_len) % p->stride;
+        at = ring_at(b->win_head, b->win_len, p->stride);
         b->win_len++;
     } else {
         at = b->win_head;
-        b->win_head = (uint32_t)((b->win_head + 1) % p->stride);
+        b->win_head = (uint32_t)ring_at(b->win_head, 1, p->stride);
     }
     at += (size_t)slot * p->stride;
     p->windows[at] = rel;
-    bool has = s && s->has_saturation;
-    p->sat_has[at] = has;
-    p->sat_val[at] = has ? s->saturated_fraction : 0.0;
-    p->und_val[at] = has ? s->underflowed_fraction : 0.0;
+    if (p->sat_has) {
+        bool has = s && s->has_saturation;
+        p->sat_has[at] = has;
+        p->sat_val[at] = has ? s->saturated_fraction : 0.0;
+        p->und_val[at] = has ? s->underflowed_fraction : 0.0;
+    }
 }
 
 /* Frees what config_room_alloc made and apply_pending_config did not take. */
@@ -426,10 +481,11 @@ static prism_status config_room_alloc(prism_policy *p, config_room *r, prism_err
         size_t room = (p->cap_blocks ? p->cap_blocks : 1) * stride;
         r->windows = true;
         r->nw = malloc(room * sizeof *r->nw);
-        r->nh = malloc(room * sizeof *r->nh);
-        r->nsv = malloc(room * sizeof *r->nsv);
-        r->nuv = malloc(room * sizeof *r->nuv);
-        if (!r->nw || !r->nh || !r->nsv || !r->nuv) {
+        bool sat = p->sat_has != NULL;
+        r->nh = sat ? malloc(room * sizeof *r->nh) : NULL;
+        r->nsv = sat ? malloc(room * sizeof *r->nsv) : NULL;
+        r->nuv = sat ? malloc(room * sizeof *r->nuv) : NULL;
+        if (!r->nw || (sat && (!r->nh || !r->nsv || !r->nuv))) {
             config_room_free(r);
             return nomem(err);
         }
@@ -453,14 +509,16 @@ static void relayout_windows(prism_policy *p, size_t stride, config_room *r)
     r->nw = r->nsv = r->nuv = NULL;
     r->nh = NULL;
     for (size_t s = 0; s < p->nblocks; s++) {
-        block *b = &p->blocks[s];
+        block_live *b = &p->live[s];
         uint32_t keep = b->win_len < stride ? b->win_len : (uint32_t)stride;
         for (uint32_t i = 0; i < keep; i++) {
             size_t from = s * p->stride + (b->win_head + b->win_len - keep + i) % p->stride;
             nw[s * stride + i] = p->windows[from];
-            nh[s * stride + i] = p->sat_has[from];
-            nsv[s * stride + i] = p->sat_val[from];
-            nuv[s * stride + i] = p->und_val[from];
+            if (nh) {
+                nh[s * stride + i] = p->sat_has[from];
+                nsv[s * stride + i] = p->sat_val[from];
+                nuv[s * stride + i] = p->und_val[from];
+            }
         }
         b->win_len = keep;
         b->win_head = 0;
@@ -516,10 +574,23 @@ static bool is_low(prism_precision x)
     return x != PRISM_PRECISION_BF16;
 }
 
+/* fmin(x, y) and fmax(x, y) for a y that is not NaN, as glibc's (x86-64 minsd/maxsd): x when
+ * x < y (x > y), else y, so y for a NaN x and for equal zeros of either sign; inline, where the
+ * library calls were ~5% of a decision's time. */
+static double min_of(double x, double y)
+{
+    return x < y ? x : y;
+}
+
+static double max_of(double x, double y)
+{
+    return x > y ? x : y;
+}
+
 /* The override that applies to a block under cfg: 0 none, 1 bf16, 2 low. */
 static int override_of(const prism_config *cfg, uint32_t id)
 {
-    if (!cfg->enabled)
+    if (!cfg->enabled || (cfg->force_bf16_blocks.count == 0 && cfg->force_int8_blocks.count == 0))
         return 0;
     if (prism_block_list_contains(&cfg->force_bf16_blocks, id))
         return 1;
@@ -550,14 +621,15 @@ static void score_block(prism_policy *p, uint32_t slot)
 {
     const prism_config *c = &p->cfg;
     block *b = &p->blocks[slot];
+    const block_live *live = &p->live[slot];
     prism_block_view *v = &b->view;
     v->candidate = candidate_of(c, b);
     v->has_saturation = false;
     v->saturated_fraction = v->underflowed_fraction = 0;
     size_t base = (size_t)slot * p->stride, with = 0;
     double sat = 0, und = 0;
-    for (uint32_t i = 0; i < b->win_len; i++) {
-        size_t at = base + (b->win_head + i) % p->stride;
+    for (uint32_t i = 0; p->sat_has && i < live->win_len; i++) {
+        size_t at = base + ring_at(live->win_head, i, p->stride);
         if (p->sat_has[at]) {
             sat += p->sat_val[at];
             und += p->und_val[at];
@@ -572,22 +644,22 @@ static void score_block(prism_policy *p, uint32_t slot)
     v->has_score = false;
     v->has_error_score = false;
     v->sensitivity = v->grad_score = v->relative_magnitude = v->error_score = 0;
-    if (!c->enabled || c->mode == PRISM_MODE_OFF || b->win_len == 0)
+    if (!c->enabled || c->mode == PRISM_MODE_OFF || live->win_len == 0)
         return;
     const double *w = window_of(p, slot);
     double sum = 0;
-    for (uint32_t i = 0; i < b->win_len; i++)
-        sum += w[(b->win_head + i) % p->stride];
-    v->relative_magnitude = sum / b->win_len;
-    v->grad_score = fmin(v->relative_magnitude / c->grad_sensitivity_threshold, 1.0);
+    for (uint32_t i = 0; i < live->win_len; i++)
+        sum += w[ring_at(live->win_head, i, p->stride)];
+    v->relative_magnitude = sum / live->win_len;
+    v->grad_score = min_of(v->relative_magnitude / c->grad_sensitivity_threshold, 1.0);
     double s = v->grad_score;
     double e = b->calibration[v->candidate];
     if (!isnan(e)) {
         v->has_error_score = true;
-        v->error_score = fmin(e / c->quant_error_threshold, 1.0);
+        v->error_score = min_of(e / c->quant_error_threshold, 1.0);
         s = c->grad_weight * v->grad_score + c->error_weight * v->error_score;
     }
-    v->sensitivity = fmin(fmax(s, 0.0), 1.0);
+    v->sensitivity = min_of(max_of(s, 0.0), 1.0);
     v->has_score = true;
 }
 
@@ -600,8 +672,8 @@ static prism_status decide_block(prism_policy *p, uint32_t slot, uint64_t step, 
     block *b = &p->blocks[slot];
     prism_block_view *v = &b->view;
     bool autolow = c->low_precision == PRISM_LOW_AUTO;
-    bool nonfinite = b->nonfinite_pending;
-    b->nonfinite_pending = false;
+    bool nonfinite = p->live[slot].nonfinite_pending;
+    p->live[slot].nonfinite_pending = false;
     score_block(p, slot);
     prism_precision cand = v->candidate;
     bool cooling = v->has_switch && step - v->last_switch_step < (uint64_t)c->min_steps_between_switches;
@@ -718,7 +790,7 @@ static prism_status refresh_order(prism_policy *p, prism_error *err)
     uint64_t *keyed = p->order_keys;
     size_t n = 0;
     for (size_t s = 0; s < p->nblocks; s++)
-        if (p->blocks[s].reported)
+        if (p->live[s].reported)
             keyed[n++] = (uint64_t)p->blocks[s].view.id << 32 | s;
     if (n > 1) /* keyed is NULL while the policy has no block */
         qsort(keyed, n, sizeof *keyed, compare_u64);
@@ -729,38 +801,53 @@ static prism_status refresh_order(prism_policy *p, prism_error *err)
     return PRISM_OK;
 }
 
-static void summarize(prism_policy *p, uint64_t step, prism_summary *s)
+/* The summary of a decision (DESIGN 4.4), built block by block in id order as the decision
+ * goes (one pass over the blocks, not two). The saving is summed both ways, weighted by BF16
+ * bytes and equally, and the end picks bytes when every block had them: the same operations in
+ * the same order as weighting by w = bytes or w = 1, so the same result to the last bit. */
+typedef struct summary_acc {
+    double saved_bytes, total_bytes, saved_equal, total_equal, sens_sum;
+    bool all_bytes;
+} summary_acc;
+
+static void summary_start(const prism_policy *p, uint64_t step, prism_summary *s, summary_acc *a)
 {
     memset(s, 0, sizeof *s);
     s->step_id = step;
     s->low_precision = p->cfg.low_precision;
-    s->precision_changes = p->nchanges;
-    bool all_bytes = true;
-    for (size_t i = 0; i < p->norder && all_bytes; i++)
-        all_bytes = p->blocks[p->order[i]].view.param_bytes_bf16 > 0;
-    double saved = 0, total = 0, sens_sum = 0;
-    for (size_t i = 0; i < p->norder; i++) {
-        const prism_block_view *v = &p->blocks[p->order[i]].view;
-        if (is_low(v->precision))
-            s->blocks_low++;
-        else
-            s->blocks_bf16++;
-        if ((unsigned)v->precision < PRISM_PRECISION_COUNT)
-            s->blocks_by_precision[v->precision]++;
-        double w = all_bytes ? (double)v->param_bytes_bf16 : 1.0;
-        saved += w * prism_precision_saving(v->precision);
-        total += w;
-        if (v->has_score) {
-            if (s->scored == 0 || v->sensitivity > s->max_sensitivity)
-                s->max_sensitivity = v->sensitivity;
-            if (s->scored == 0 || v->sensitivity < s->min_sensitivity)
-                s->min_sensitivity = v->sensitivity;
-            sens_sum += v->sensitivity;
-            s->scored++;
-        }
+    *a = (summary_acc){.all_bytes = true};
+}
+
+static void summary_add(prism_summary *s, summary_acc *a, const prism_block_view *v)
+{
+    if (is_low(v->precision))
+        s->blocks_low++;
+    else
+        s->blocks_bf16++;
+    if ((unsigned)v->precision < PRISM_PRECISION_COUNT)
+        s->blocks_by_precision[v->precision]++;
+    double saving = prism_precision_saving(v->precision);
+    a->all_bytes = a->all_bytes && v->param_bytes_bf16 > 0;
+    a->saved_bytes += (double)v->param_bytes_bf16 * saving;
+    a->total_bytes += (double)v->param_bytes_bf16;
+    a->saved_equal += 1.0 * saving;
+    a->total_equal += 1.0;
+    if (v->has_score) {
+        if (s->scored == 0 || v->sensitivity > s->max_sensitivity)
+            s->max_sensitivity = v->sensitivity;
+        if (s->scored == 0 || v->sensitivity < s->min_sensitivity)
+            s->min_sensitivity = v->sensitivity;
+        a->sens_sum += v->sensitivity;
+        s->scored++;
     }
+}
+
+static void summary_end(prism_summary *s, const summary_acc *a)
+{
+    double saved = a->all_bytes ? a->saved_bytes : a->saved_equal;
+    double total = a->all_bytes ? a->total_bytes : a->total_equal;
     if (s->scored)
-        s->mean_sensitivity = sens_sum / (double)s->scored;
+        s->mean_sensitivity = a->sens_sum / (double)s->scored;
     s->bandwidth_saving_pct = total > 0 ? round(saved / total * 100.0 * 10.0) / 10.0 : 0.0;
 }
 
@@ -805,6 +892,10 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
         if (!ns)
             return nomem(err);
         p->step_slots = ns;
+        uint32_t *ni = realloc(p->step_ids, count * sizeof *ni);
+        if (!ni)
+            return nomem(err);
+        p->step_ids = ni;
         p->cap_step_slots = count;
     }
     /* Check everything before changing anything that shows. */
@@ -816,9 +907,18 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
         const prism_block_stats *r = &blocks[i];
         if ((st = prism_block_stats_check(r, err)))
             return st;
-        if ((st = slot_of(p, r->block_id, &p->step_slots[i], err)))
+        /* The same block at the same place as in the last step keeps its slot; else the table.
+         * (step_ids[i] and step_slots[i] change together, so they always agree.) */
+        if (i >= p->nstep_ids || p->step_ids[i] != r->block_id) {
+            if ((st = slot_of(p, r->block_id, &p->step_slots[i], err)))
+                return st;
+            p->step_ids[i] = r->block_id;
+            if (i >= p->nstep_ids)
+                p->nstep_ids = i + 1;
+        }
+        if (r->has_saturation && (st = saturation_alloc(p, err)))
             return st;
-        block *b = &p->blocks[p->step_slots[i]];
+        block_live *b = &p->live[p->step_slots[i]];
         if (b->seen_call == p->calls)
             return prism_error_set(err, PRISM_ERR_INVALID, "block %u appears twice in step %llu", r->block_id,
                                    (unsigned long long)step);
@@ -857,9 +957,10 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
     for (size_t i = 0; i < count; i++) {
         const prism_block_stats *r = &blocks[i];
         uint32_t slot = p->step_slots[i];
-        block *b = &p->blocks[slot];
-        if (!b->reported) {
-            b->reported = true;
+        block_live *live = &p->live[slot];
+        if (!live->reported) {
+            block *b = &p->blocks[slot];
+            live->reported = true;
             p->order_dirty = true;
             int forced = override_of(&p->cfg, r->block_id);
             b->view.forced = forced != 0;
@@ -872,7 +973,7 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
         if (prism_block_stats_finite(r))
             window_push(p, slot, mean_l2 > 0 ? r->l2_norm / mean_l2 : 0.0, r);
         else
-            b->nonfinite_pending = true;
+            live->nonfinite_pending = true;
     }
     p->collected++;
     p->has_last_step = true;
@@ -905,16 +1006,29 @@ prism_status prism_policy_add_step(prism_policy *p, uint64_t step, const double 
         if (rolled && !scheduled)
             p->counters.loss_spike_decisions++;
     }
-    if (scheduled)
-        for (size_t i = 0; i < p->norder; i++)
-            if ((st = decide_block(p, p->order[i], step, err)))
-                return st;
+    summary_acc acc;
+    if (scheduled || rolled)
+        summary_start(p, step, &out->summary, &acc);
+    for (size_t i = 0; (scheduled || rolled) && i < p->norder; i++) {
+        uint32_t slot = p->order[i];
+        if (i + 8 < p->norder) { /* the id order need not be the slot order: fetch ahead */
+            uint32_t ahead = p->order[i + 8];
+            __builtin_prefetch(&p->blocks[ahead]);
+            __builtin_prefetch((const char *)&p->blocks[ahead] + 64);
+            __builtin_prefetch((const char *)&p->blocks[ahead] + 128);
+            __builtin_prefetch(&p->windows[(size_t)ahead * p->stride]);
+            __builtin_prefetch(&p->live[ahead]);
+        }
+        if (scheduled && (st = decide_block(p, slot, step, err)))
+            return st;
+        summary_add(&out->summary, &acc, &p->blocks[slot].view);
+    }
     out->scheduled = scheduled;
     out->loss_spike = spike;
     out->rolled_back = rolled;
     if (scheduled || rolled) {
         out->decided = true;
-        summarize(p, step, &out->summary);
+        summary_end(&out->summary, &acc);
         out->summary.precision_changes = p->nchanges - first_report_changes;
         out->summary.loss_spike = spike;
     }
@@ -964,7 +1078,7 @@ const prism_block_view *prism_policy_block(const prism_policy *p, size_t index)
 const prism_block_view *prism_policy_find_block(const prism_policy *p, uint32_t block_id)
 {
     uint32_t s = prism_idmap_get(&p->ids, block_id);
-    if (s == PRISM_IDMAP_NONE || !p->blocks[s].reported)
+    if (s == PRISM_IDMAP_NONE || !p->live[s].reported)
         return NULL;
     return &p->blocks[s].view;
 }
@@ -1008,15 +1122,17 @@ void prism_policy_block_record(const prism_policy *p, size_t index, prism_block_
     out->assigned = b->assigned;
     memcpy(out->calibration, b->calibration, sizeof out->calibration);
     size_t base = (size_t)p->order[index] * p->stride;
-    out->window_len = b->win_len;
+    const block_live *live = &p->live[p->order[index]];
+    out->window_len = live->win_len;
     bool sat = out->window_has_saturation && out->window_saturated && out->window_underflowed;
-    for (uint32_t i = 0; i < b->win_len; i++) {
-        size_t at = base + (b->win_head + i) % p->stride;
+    for (uint32_t i = 0; i < live->win_len; i++) {
+        size_t at = base + ring_at(live->win_head, i, p->stride);
         out->window[i] = p->windows[at];
         if (sat) {
-            out->window_has_saturation[i] = p->sat_has[at];
-            out->window_saturated[i] = p->sat_val[at];
-            out->window_underflowed[i] = p->und_val[at];
+            bool has = p->sat_has && p->sat_has[at];
+            out->window_has_saturation[i] = has;
+            out->window_saturated[i] = has ? p->sat_val[at] : 0.0;
+            out->window_underflowed[i] = has ? p->und_val[at] : 0.0;
         }
     }
 }
@@ -1047,20 +1163,24 @@ prism_status prism_policy_restore(prism_policy *p, const prism_policy_progress *
         uint32_t slot;
         if ((st = slot_of(p, r->view.id, &slot, err)))
             return st;
+        for (uint32_t k = 0; sat && k < r->window_len; k++)
+            if (r->window_has_saturation[k] && (st = saturation_alloc(p, err)))
+                return st;
         block *b = &p->blocks[slot];
-        if (b->reported)
+        block_live *live = &p->live[slot];
+        if (live->reported)
             return prism_error_set(err, PRISM_ERR_INVALID, "block %u is saved twice", r->view.id);
         b->view = r->view; /* the scores of the last decision too, as they were served */
         /* A record saved without a candidate (an older store) shows the config's one format
          * until the next decision computes it. */
         if (b->view.candidate == PRISM_PRECISION_BF16 || (unsigned)b->view.candidate >= PRISM_PRECISION_COUNT)
             b->view.candidate = prism_config_low_format(&p->cfg);
-        b->reported = true;
+        live->reported = true;
         b->assigned = r->assigned;
         memcpy(b->calibration, r->calibration, sizeof b->calibration);
         uint32_t keep = r->window_len < p->stride ? r->window_len : (uint32_t)p->stride;
-        b->win_len = 0;
-        b->win_head = 0;
+        live->win_len = 0;
+        live->win_head = 0;
         for (uint32_t k = r->window_len - keep; k < r->window_len; k++) {
             prism_block_stats figures = {0};
             figures.has_saturation = sat && r->window_has_saturation[k];

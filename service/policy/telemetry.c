@@ -74,8 +74,12 @@ static char *put_block(char *o, const prism_block_view *v, bool first, const cha
     o = first ? PUT_LIT(o, "\"") : PUT_LIT(o, ",\"");
     o += prism_u64_text(v->id, o);
     o = PUT_LIT(o, "\":{\"precision\":\"");
-    memcpy(o, names[v->precision], name_lens[v->precision]);
-    o += name_lens[v->precision];
+    if ((unsigned)v->precision < PRISM_PRECISION_COUNT) {
+        memcpy(o, names[v->precision], name_lens[v->precision]);
+        o += name_lens[v->precision];
+    } else {
+        *o++ = '?'; /* as prism_precision_name writes a value it does not know */
+    }
     /* The digits of every number first (see prism_number_prepare), then the text. */
     bool scored = v->has_score, erred = v->has_score && v->has_error_score, sat = v->has_saturation;
     prism_number num[6];

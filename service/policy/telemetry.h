@@ -22,8 +22,9 @@ prism_status prism_buf_reserve(prism_buf *b, size_t n);
 #define PRISM_DOUBLE_TEXT_MAX 48
 
 /* Writes the shortest decimal text that reads back as exactly x, as printf's %.15g, %.16g or
- * %.17g writes it (the first that reads back), with ".0" after an integral value and "null" for
- * NaN and Inf (JSON has neither), then a NUL; returns its length (number_text.c). */
+ * %.17g writes it (the first that reads back; for a subnormal the first of %.1g to %.17g), with
+ * ".0" after an integral value and "null" for NaN and Inf (JSON has neither), then a NUL; returns
+ * its length (number_text.c). */
 size_t prism_double_text(double x, char *out);
 
 /* prism_double_text in two halves, so that a caller writing several numbers can find all their

@@ -266,7 +266,7 @@ export function mapView(ctx: ViewContext, job: string): View {
   };
 
   /* The blocks the numerics rules concern (numerics.ts): format (its colour), reason, candidate,
-   * hold and, when some block has figures, SAT and UNDER. Hidden when no block is listed. */
+   * hold and, when the blocks carry the fractions (showsFractions), SAT and UNDER. Hidden when no block is listed. */
   const drawNumerics = (m: BlockMap) => {
     const { rows, total } = numericsRows(m.blocks);
     numerics.hidden = total === 0;
