@@ -72,8 +72,10 @@ static int run(size_t nblocks, int decisions)
     cfg.update_interval_steps = 2;
     cfg.min_steps_between_switches = 4;
     prism_policy *p = prism_policy_create(&cfg, &err);
-    if (!p)
+    if (!p) {
+        prism_config_free(&cfg);
         return 1;
+    }
     /* Half the blocks have a calibration error for the low format: their records carry an
      * error_score and a sensitivity that is not their grad_score (four numbers, not three). */
     for (size_t i = 0; i < nblocks; i += 2)
@@ -86,7 +88,7 @@ static int run(size_t nblocks, int decisions)
     double *ing = malloc((size_t)decisions * sizeof *ing);
     double *tel = malloc((size_t)decisions * sizeof *tel);
     double *tel_before = malloc((size_t)decisions * sizeof *tel_before);
-    if (!p || !b || !dec || !ing || !tel || !tel_before)
+    if (!b || !dec || !ing || !tel || !tel_before)
         return 1;
     prism_buf out = {0};
     int nd = 0, ni = 0;

@@ -61,8 +61,8 @@ typedef struct prism_change {
 
 /* What the policy knows of one block, as callers see it. */
 typedef struct prism_block_view {
-    /* (Fields by size, largest last, so that the struct has no padding but its tail: a decision
-     * at 100,000 blocks reads every view.) */
+    /* (Fields grouped by size, 4-byte, then 8-byte, then the bools, so that the struct has no
+     * padding but its tail: a decision at 100,000 blocks reads every view.) */
     uint32_t id;
     prism_precision precision;
     prism_reason reason;          /* of the last change */

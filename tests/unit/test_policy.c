@@ -1360,6 +1360,131 @@ static void test_a_calibration_report_is_applied_whole_or_not_at_all(void)
     prism_policy_destroy(p);
 }
 
+/* Issue 18's ingest keeps the last step's record order to find slots without the hash table
+ * and makes the saturation arrays only at the first figures: neither may change a result. P gets
+ * every step's records in id order; Q gets them rotated (a new order each step), a block that
+ * appears only from step 5, and before step 6 a step refused for a duplicate id at a position
+ * the order cache knows. At step 8 (a decision) a smaller history_window takes effect and
+ * block 2 reports the first saturation figures of either policy. The norms are small dyadic
+ * numbers, so the step's mean is exact in any order. Every step's result and every view at the
+ * end must be the same, to the last bit; block 2's fractions are those of its one entry. */
+static void assert_same_result(const prism_step_result *a, const prism_step_result *b)
+{
+    CU_ASSERT_EQUAL(a->decided, b->decided);
+    CU_ASSERT_EQUAL(a->map_version, b->map_version);
+    CU_ASSERT_EQUAL_FATAL(a->change_count, b->change_count);
+    for (size_t i = 0; i < a->change_count; i++) {
+        CU_ASSERT_EQUAL(a->changes[i].block_id, b->changes[i].block_id);
+        CU_ASSERT_EQUAL(a->changes[i].to, b->changes[i].to);
+        CU_ASSERT_EQUAL(a->changes[i].reason, b->changes[i].reason);
+    }
+    CU_ASSERT_EQUAL(memcmp(&a->summary.mean_sensitivity, &b->summary.mean_sensitivity, sizeof(double)), 0);
+    CU_ASSERT_EQUAL(memcmp(&a->summary.bandwidth_saving_pct, &b->summary.bandwidth_saving_pct, sizeof(double)), 0);
+    CU_ASSERT_EQUAL(a->summary.blocks_low, b->summary.blocks_low);
+    CU_ASSERT_EQUAL(a->summary.scored, b->summary.scored);
+}
+
+static void test_record_order_and_first_figures_change_no_result(void)
+{
+    const char *cfg = "{\"warmup_steps\": 2, \"update_interval_steps\": 2, \"history_window\": 3}";
+    prism_policy *p = make_policy(EXACT, cfg), *q = make_policy(EXACT, cfg);
+    static const double norms[4] = {0.5, 1.0, 2.0, 0.25};
+    for (uint64_t step = 1; step <= 12; step++) {
+        if (step == 8) {
+            set_config(p, EXACT, "{\"warmup_steps\": 2, \"update_interval_steps\": 2, \"history_window\": 2}");
+            set_config(q, EXACT, "{\"warmup_steps\": 2, \"update_interval_steps\": 2, \"history_window\": 2}");
+        }
+        size_t n = step >= 5 ? 5 : 4;
+        prism_block_stats in_order[5], rotated[5];
+        for (size_t i = 0; i < n; i++) {
+            in_order[i] = stats((uint32_t)i, norms[(i + step) % 4]);
+            if (step == 8 && i == 2) {
+                in_order[i].has_saturation = true;
+                in_order[i].saturated_fraction = 0.25;
+                in_order[i].underflowed_fraction = 0.5;
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            rotated[i] = in_order[(i + step) % n];
+        if (step == 6) {
+            /* position 2 repeats position 1's id: refused, after the first positions went through
+             * the order cache */
+            prism_block_stats dup[5];
+            memcpy(dup, rotated, sizeof dup);
+            dup[2] = dup[1];
+            prism_error err;
+            prism_step_result refused;
+            CU_ASSERT_EQUAL(prism_policy_add_step(q, step, NULL, dup, n, &refused, &err), PRISM_ERR_INVALID);
+        }
+        prism_step_result rp, rq;
+        feed_blocks(p, step, in_order, n, &rp);
+        feed_blocks(q, step, rotated, n, &rq);
+        assert_same_result(&rp, &rq);
+        if (step == 8) {
+            CU_ASSERT_TRUE(rp.decided);
+            for (int k = 0; k < 2; k++) {
+                const prism_block_view *v = block(k ? q : p, 2);
+                CU_ASSERT_TRUE(v->has_saturation);
+                CU_ASSERT_EQUAL(v->saturated_fraction, 0.25);
+                CU_ASSERT_EQUAL(v->underflowed_fraction, 0.5);
+            }
+        }
+    }
+    CU_ASSERT_EQUAL_FATAL(prism_policy_block_count(p), 5);
+    CU_ASSERT_EQUAL_FATAL(prism_policy_block_count(q), 5);
+    for (size_t i = 0; i < 5; i++) {
+        const prism_block_view *a = prism_policy_block(p, i), *b = prism_policy_block(q, i);
+        CU_ASSERT_EQUAL(a->id, b->id);
+        CU_ASSERT_EQUAL(a->precision, b->precision);
+        CU_ASSERT_EQUAL(a->reason, b->reason);
+        CU_ASSERT_EQUAL(a->last_switch_step, b->last_switch_step);
+        CU_ASSERT_EQUAL(memcmp(&a->sensitivity, &b->sensitivity, sizeof(double)), 0);
+        CU_ASSERT_EQUAL(memcmp(&a->relative_magnitude, &b->relative_magnitude, sizeof(double)), 0);
+        CU_ASSERT_EQUAL(a->has_saturation, b->has_saturation);
+    }
+    /* Block 2's figures came at step 8 only and left its window of 2 with step 10's entry. */
+    CU_ASSERT_FALSE(block(p, 2)->has_saturation);
+    prism_policy_destroy(p);
+    prism_policy_destroy(q);
+}
+
+/* The saturation arrays are made only at the first figures; before that a block's record reads
+ * as entries without figures, and the block's fractions are those of the entries that had them. */
+static void test_first_saturation_figures_after_steps_without(void)
+{
+    prism_policy *p = make_policy(EXACT, "{\"warmup_steps\": 3, \"history_window\": 3}");
+    prism_step_result r;
+    feed_pair(p, 1, 0.5, &r);
+    feed_pair(p, 2, 0.5, &r);
+    double window[PRISM_WINDOW_MAX], sat[PRISM_WINDOW_MAX], und[PRISM_WINDOW_MAX];
+    uint8_t has[PRISM_WINDOW_MAX];
+    memset(has, 7, sizeof has);
+    prism_block_record rec = {.window = window, .window_has_saturation = has, .window_saturated = sat,
+                              .window_underflowed = und};
+    prism_policy_block_record(p, 0, &rec);
+    CU_ASSERT_EQUAL_FATAL(rec.window_len, 2);
+    CU_ASSERT_EQUAL(has[0], 0);
+    CU_ASSERT_EQUAL(has[1], 0);
+    CU_ASSERT_EQUAL(sat[1], 0.0);
+    prism_block_stats blocks[2] = {stats(0, 0.5), stats(1, 0.5)};
+    blocks[0].has_saturation = true;
+    blocks[0].saturated_fraction = 0.125;
+    blocks[0].underflowed_fraction = 0.375;
+    feed_blocks(p, 3, blocks, 2, &r); /* the first decision */
+    CU_ASSERT_TRUE(r.decided);
+    CU_ASSERT_TRUE(block(p, 0)->has_saturation);
+    CU_ASSERT_EQUAL(block(p, 0)->saturated_fraction, 0.125);
+    CU_ASSERT_EQUAL(block(p, 0)->underflowed_fraction, 0.375);
+    CU_ASSERT_FALSE(block(p, 1)->has_saturation);
+    prism_policy_block_record(p, 0, &rec);
+    CU_ASSERT_EQUAL_FATAL(rec.window_len, 3);
+    CU_ASSERT_EQUAL(has[0], 0);
+    CU_ASSERT_EQUAL(has[2], 1);
+    CU_ASSERT_EQUAL(sat[2], 0.125);
+    CU_ASSERT_EQUAL(und[2], 0.375);
+    prism_policy_destroy(p);
+}
+
 static const prism_test_case cases[] = {
     {"test_step_ids_past_the_bound_are_refused", test_step_ids_past_the_bound_are_refused},
     {"test_a_calibration_report_is_applied_whole_or_not_at_all",
@@ -1439,6 +1564,8 @@ static const prism_test_case cases[] = {
      test_bandwidth_saving_weighted_by_bf16_bytes_when_every_block_has_them},
     {"test_huge_norms_do_not_overflow_the_step_mean", test_huge_norms_do_not_overflow_the_step_mean},
     {"test_create_and_set_config_check_ranges_of_configs_built_in_code", test_create_and_set_config_check_ranges_of_configs_built_in_code},
+    {"test_record_order_and_first_figures_change_no_result", test_record_order_and_first_figures_change_no_result},
+    {"test_first_saturation_figures_after_steps_without", test_first_saturation_figures_after_steps_without},
     {NULL, NULL},
 };
 
